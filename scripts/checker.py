@@ -1,0 +1,281 @@
+"""The documented-output checker: what a lesson prints must be what its text says it prints.
+
+A lesson is a jupytext percent script. Each code cell that prints is followed by a markdown
+cell that starts with the line ``Output:`` and holds one fenced ``text`` block with the exact
+lines. A placeholder ``«name»`` stands for a volatile part of a line (a timing, an address)
+and matches any non-empty text; the rest of the line is compared exactly (trailing spaces
+are ignored).
+
+Two ways to run a lesson, both checked against the same blocks:
+- ``run_script``: the code cells, one by one, as ``__main__`` with ``__file__`` set and the
+  repository root as working directory; stdout is captured per cell and warnings recorded.
+- ``run_notebook``: the notebook generated from the script, top to bottom in a fresh
+  ``python3`` kernel (nbclient), with the lesson folder as working directory.
+
+Command line: ``python -m scripts.checker lessons/01_tensor_views/tensor_views.py [--notebook]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import contextlib
+import difflib
+import io
+import os
+import re
+import sys
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+PLACEHOLDER = re.compile(r"«([^»]*)»")
+NUMBER = r"-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
+# Each placeholder matches one narrow kind of text, so the literal text around it still
+# counts: `(«number»)` does not match `5)`. Add a name here when a lesson needs a new kind.
+PLACEHOLDERS = {
+    "time": NUMBER,  # a duration, printed with fixed precision
+    "rate": NUMBER,  # FLOP/s, bytes/s, it/s
+    "ratio": NUMBER,  # a ratio of two timings
+    "number": NUMBER,  # any other machine-dependent number
+    "address": r"0x[0-9a-fA-F]+",
+    "pid": r"\d+",
+    "path": r"\S+",  # a file path outside the repository (a temporary folder)
+}
+GATED_WARNINGS = (DeprecationWarning, FutureWarning)
+
+
+class LessonError(AssertionError):
+    """A lesson broke the contract; the message names the lesson and the cell."""
+
+
+@dataclass
+class Cell:
+    number: int  # 1-based position among all cells, as a student counts them in the notebook
+    kind: str  # "code" or "markdown"
+    source: str
+
+
+def read_cells(script: Path) -> list[Cell]:
+    nb = jupytext.read(script, fmt="py:percent")
+    return [Cell(i + 1, c.cell_type, c.source) for i, c in enumerate(nb.cells)]
+
+
+def documented_block(markdown: str) -> list[str] | None:
+    """The lines of the ``text`` block of an ``Output:`` cell, or None for any other cell."""
+    lines = markdown.splitlines()
+    if not lines or lines[0].strip() != "Output:":
+        return None
+    try:
+        start = lines.index("```text", 1)
+        end = lines.index("```", start + 1)
+    except ValueError:
+        return []  # an Output: cell without a well-formed block documents nothing
+    return [line.rstrip() for line in lines[start + 1 : end]]
+
+
+def line_pattern(expected: str) -> str:
+    """A regular expression for a documented line; unknown placeholder names are literal."""
+    pattern, pos = [], 0
+    for m in PLACEHOLDER.finditer(expected):
+        pattern.append(re.escape(expected[pos : m.start()]))
+        kind = PLACEHOLDERS.get(m.group(1))
+        pattern.append(f"(?:{kind})" if kind else re.escape(m.group(0)))
+        pos = m.end()
+    pattern.append(re.escape(expected[pos:]))
+    return "".join(pattern)
+
+
+def line_matches(expected: str, actual: str) -> bool:
+    return re.fullmatch(line_pattern(expected), actual) is not None
+
+
+def unknown_placeholders(cells: list[Cell]) -> list[str]:
+    names = {m.group(1) for c in cells if c.kind == "markdown" for m in PLACEHOLDER.finditer(c.source)}
+    return sorted(names - PLACEHOLDERS.keys())
+
+
+def diff(expected: list[str], actual: list[str], cell: int) -> str:
+    """A unified diff in which lines matching their placeholder pattern show as equal."""
+    shown = [
+        e if i < len(expected) and line_matches(e := expected[i], a) else a
+        for i, a in enumerate(actual)
+    ]
+    return "\n".join(
+        difflib.unified_diff(
+            expected, shown, f"documented (cell {cell + 1})", f"printed (cell {cell})", lineterm=""
+        )
+    )
+
+
+def check_outputs(lesson: str, cells: list[Cell], printed: dict[int, str]) -> list[str]:
+    """Compare what each code cell printed with the block documented right after it.
+
+    ``printed`` holds an entry for every code cell that ran; cells after a failure are skipped.
+    """
+    problems = []
+    for i, cell in enumerate(cells):
+        prev = cells[i - 1] if i > 0 else None
+        nxt = cells[i + 1] if i + 1 < len(cells) else None
+        if cell.kind == "markdown":
+            ran = prev is not None and prev.kind == "code" and prev.number in printed
+            if documented_block(cell.source) is not None and ran and not printed[prev.number]:
+                problems.append(f"{lesson}, cell {cell.number}: an Output: block after a cell that printed nothing")
+            elif documented_block(cell.source) is not None and not (prev and prev.kind == "code"):
+                problems.append(f"{lesson}, cell {cell.number}: an Output: block that follows no code cell")
+            continue
+        actual = [line.rstrip() for line in printed.get(cell.number, "").splitlines()]
+        block = documented_block(nxt.source) if nxt and nxt.kind == "markdown" else None
+        if not actual:
+            continue
+        if block is None:
+            problems.append(f"{lesson}, cell {cell.number}: prints but no Output: block follows it\n" + "\n".join(actual))
+        elif len(block) != len(actual) or not all(map(line_matches, block, actual)):
+            problems.append(f"{lesson}, cell {cell.number}: printed output differs from its documented block\n" + diff(block, actual, cell.number))
+    return problems
+
+
+def lesson_name(script: Path) -> str:
+    try:
+        return str(script.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(script)
+
+
+@dataclass
+class LessonRun:
+    """One run of a lesson (script or notebook): what each cell printed, and what went wrong."""
+
+    source: Path  # the .py script or the .ipynb notebook that ran
+    cells: list[Cell]
+    printed: dict[int, str] = field(default_factory=dict)  # cell number -> stdout
+    ns: dict = field(default_factory=dict)  # the script's globals after the run (scripts only)
+    gated_warnings: list[str] = field(default_factory=list)  # "Category: message"
+    errors: list[str] = field(default_factory=list)
+    allowed_warnings: tuple[str, ...] = ()  # regexes from the manifest
+
+    def problems(self) -> list[str]:
+        name = lesson_name(self.source)
+        found = list(self.errors) + check_outputs(name, self.cells, self.printed)
+        found += [f"{name}: unknown placeholder «{n}» (known: {', '.join(PLACEHOLDERS)})"
+                  for n in unknown_placeholders(self.cells)]
+        found += [
+            f"{name}: {w}"
+            for w in self.gated_warnings
+            if not any(re.search(p, w) for p in self.allowed_warnings)
+        ]
+        return found
+
+    def check(self) -> None:
+        if found := self.problems():
+            raise LessonError("\n\n".join(found))
+
+
+@contextlib.contextmanager
+def as_main(script: Path):
+    """Make the interpreter look as it does for ``python script`` run from the repo root."""
+    saved = (list(sys.path), list(sys.argv), os.getcwd(), set(sys.modules), dict(os.environ))
+    sys.path.insert(0, str(script.parent))
+    sys.argv[:] = [str(script)]
+    os.chdir(ROOT)
+    os.environ["MPLBACKEND"] = "Agg"  # headless; set only here so notebook kernels stay inline
+    try:
+        yield
+    finally:
+        sys.path[:], sys.argv[:] = saved[0], saved[1]
+        os.chdir(saved[2])
+        os.environ.clear()
+        os.environ.update(saved[4])
+        # Forget modules imported from the lesson folder (another lesson may have a worker.py).
+        for name in set(sys.modules) - saved[3]:
+            file = getattr(sys.modules[name], "__file__", None) or ""
+            if Path(file).parent == script.parent:
+                del sys.modules[name]
+
+
+def run_script(script: Path) -> LessonRun:
+    script = script.resolve()
+    run = LessonRun(script, read_cells(script))
+    run.ns.update(__name__="__main__", __file__=str(script), __builtins__=builtins)
+    with as_main(script), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for cell in run.cells:
+            if cell.kind != "code":
+                continue
+            out = io.StringIO()
+            try:
+                code = compile(cell.source, f"{script} [cell {cell.number}]", "exec")
+                with contextlib.redirect_stdout(out):
+                    exec(code, run.ns)
+            except BaseException:  # noqa: BLE001 - a lesson's SystemExit is a failure too
+                run.errors.append(f"{lesson_name(script)}, cell {cell.number} raised:\n{traceback.format_exc()}")
+                break
+            run.printed[cell.number] = out.getvalue()
+    run.gated_warnings = [
+        f"{w.category.__name__} at {w.filename}:{w.lineno}: {w.message}"
+        for w in caught
+        if issubclass(w.category, GATED_WARNINGS)
+    ]
+    return run
+
+
+GATED_IN_STDERR = re.compile(r"\b(DeprecationWarning|FutureWarning): .*")
+
+
+def run_notebook(notebook: Path, cell_timeout: int = 300) -> LessonRun:
+    """Execute a notebook top to bottom in a fresh python3 kernel, from its own folder."""
+    from nbclient import NotebookClient  # imported here: only notebook runs need it
+
+    notebook = notebook.resolve()
+    nb = nbformat.read(notebook, as_version=4)
+    client = NotebookClient(
+        nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
+        resources={"metadata": {"path": str(notebook.parent)}},
+    )
+    client.execute()
+    run = LessonRun(notebook, [Cell(i + 1, c.cell_type, c.source) for i, c in enumerate(nb.cells)])
+    for number, cell in enumerate(nb.cells, start=1):
+        if cell.cell_type == "code":
+            run.printed[number] = ""
+        for out in cell.get("outputs", []):
+            collect_output(run, number, out)
+    return run
+
+
+def collect_output(run: LessonRun, number: int, out: dict) -> None:
+    name = lesson_name(run.source)
+    if out["output_type"] == "stream" and out["name"] == "stdout":
+        run.printed[number] += out["text"]
+    elif out["output_type"] == "stream":
+        run.gated_warnings += [m.group(0) for m in GATED_IN_STDERR.finditer(out["text"])]
+    elif out["output_type"] == "error":
+        tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(out["traceback"]))  # strip ANSI colours
+        run.errors.append(f"{name}, cell {number} raised:\n{tb}")
+        run.printed.pop(number, None)  # a failed cell's output is not compared
+    elif out["output_type"] == "execute_result" and "image/png" not in out["data"]:
+        run.errors.append(
+            f"{name}, cell {number} ends with a bare expression the notebook displays but the "
+            f"script does not: print it instead\n{out['data'].get('text/plain', '')}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Check a lesson's documented outputs.")
+    parser.add_argument("script", type=Path, help="lessons/NN_slug/slug.py")
+    parser.add_argument("--notebook", action="store_true", help="also execute the notebook")
+    args = parser.parse_args(argv)
+    runs = [run_script(args.script)]
+    if args.notebook:
+        runs.append(run_notebook(args.script.with_suffix(".ipynb")))
+    found = [p for run in runs for p in run.problems()]
+    print("\n\n".join(found) if found else f"{lesson_name(args.script)}: documented outputs match")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Run the course's lessons in order, as a student would: ``python lessons/NN_slug/slug.py``.
+
+    python -m scripts.run_lessons            # every ready lesson, one progress line each
+    python -m scripts.run_lessons --show 01  # one lesson, its output on the terminal
+
+Each run's output goes to ``build/logs/NN_slug.log``. The summary table gives each lesson's
+status, wall time and budget from ``lessons/course.toml``; the exit status is 1 if any
+lesson failed. Time over budget is reported, not failed: timings vary with the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from scripts.manifest import BUILD, ROOT, Lesson, find, ready, tool_env
+
+
+@dataclass
+class Result:
+    lesson: Lesson
+    status: str  # "ok", "failed (exit N)", "timed out"
+    seconds: float
+
+
+def hard_limit(lesson: Lesson) -> float:
+    """Generous wall limit so a hung lesson cannot hang the runner."""
+    return max(120.0, 5 * lesson.budget_s)
+
+
+def run(lesson: Lesson, show: bool) -> Result:
+    log = BUILD / "logs" / f"{lesson.folder}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **tool_env()}
+    start = time.perf_counter()
+    with open(log, "w") as f:
+        out = None if show else f
+        try:
+            proc = subprocess.run(
+                [sys.executable, str(lesson.script.relative_to(ROOT))], cwd=ROOT, env=env,
+                stdout=out, stderr=subprocess.STDOUT if out else None, timeout=hard_limit(lesson),
+            )
+            status = "ok" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
+        except subprocess.TimeoutExpired:
+            status = "timed out"
+    return Result(lesson, status, time.perf_counter() - start)
+
+
+def table(results: list[Result]) -> str:
+    rows = [f"{'lesson':<34} {'status':<16} {'seconds':>8} {'budget':>7}"]
+    for r in results:
+        over = "  over budget" if r.seconds > r.lesson.budget_s else ""
+        name = f"{r.lesson.number} {r.lesson.title}"
+        rows.append(f"{name:<34} {r.status:<16} {r.seconds:>8.1f} {r.lesson.budget_s:>7.0f}{over}")
+    total = sum(r.seconds for r in results)
+    rows.append(f"{'total':<34} {'':<16} {total:>8.1f}")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the course's lessons in order.")
+    parser.add_argument("--show", metavar="N", help="run lesson N only, showing its output")
+    args = parser.parse_args(argv)
+    lessons = [find(args.show)] if args.show else ready()
+    results = []
+    for i, lesson in enumerate(lessons, start=1):
+        print(f"[{i}/{len(lessons)}] {lesson.number} {lesson.title} ...", flush=True)
+        results.append(r := run(lesson, show=bool(args.show)))
+        log = f"  (log: build/logs/{lesson.folder}.log)" if not args.show else ""
+        print(f"[{i}/{len(lessons)}] {lesson.number} {r.status} in {r.seconds:.1f} s{log}", flush=True)
+    print()
+    print(table(results))
+    return 0 if all(r.status == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The documented-output checker, on a tiny synthetic lesson (no torch: fast)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scripts import checker, notebooks
+
+LESSON = '''# %% [markdown]
+# # A synthetic lesson
+
+# %%
+from pathlib import Path
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+print(f"strides (3, 1), storage {48} bytes")
+print(f"median {1.25:.2f} ms over 7 runs")
+
+# %% [markdown]
+# Output:
+# ```text
+# strides (3, 1), storage 48 bytes
+# median «time» ms over 7 runs
+# ```
+#
+# Prose may follow the block.
+
+# %%
+quiet = 1
+'''
+DOCUMENTED = ["strides (3, 1), storage 48 bytes", "median «time» ms over 7 runs"]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    script = tmp_path / "lesson.py"
+    script.write_text(text)
+    return script
+
+
+def problems(tmp_path: Path, text: str) -> list[str]:
+    return checker.run_script(write(tmp_path, text)).problems()
+
+
+def test_a_faithful_lesson_passes(tmp_path):
+    run = checker.run_script(write(tmp_path, LESSON))
+    assert run.problems() == []
+    assert run.ns["HERE"] == tmp_path.resolve()  # __file__ is set as for `python lesson.py`
+    assert run.printed[2].splitlines()[1] == "median 1.25 ms over 7 runs"
+
+
+def mutations(line: str):
+    """Every one-character substitution, deletion and insertion of a line."""
+    for i in range(len(line) + 1):
+        if i < len(line):
+            yield line[:i] + ("x" if line[i] != "x" else "y") + line[i + 1 :]
+            yield line[:i] + line[i + 1 :]
+        yield line[:i] + "x" + line[i:]
+
+
+@pytest.mark.parametrize("line", DOCUMENTED)
+def test_every_one_character_edit_of_a_documented_line_fails(tmp_path, line):
+    run = checker.run_script(write(tmp_path, LESSON))
+    for i, mutated in enumerate(mutations(line)):
+        run.cells = checker.read_cells(write(tmp_path, LESSON.replace(f"# {line}\n", f"# {mutated}\n")))
+        assert run.problems(), f"edit {i} went unnoticed: {mutated!r}"
+
+
+def test_a_mismatch_names_lesson_and_cell_and_shows_a_diff(tmp_path):
+    (found,) = problems(tmp_path, LESSON.replace("48 bytes\n", "64 bytes\n"))
+    assert "lesson.py, cell 2: printed output differs" in found
+    assert "-strides (3, 1), storage 64 bytes" in found
+    assert "+strides (3, 1), storage 48 bytes" in found
+    assert "median «time» ms" in found and "+median 1.25" not in found  # placeholder lines match
+
+
+def test_a_printing_cell_without_a_block_is_an_error(tmp_path):
+    (found,) = problems(tmp_path, LESSON.replace("quiet = 1", "print('new')"))
+    assert "cell 4: prints but no Output: block follows it" in found
+
+
+def test_a_block_after_a_silent_cell_is_an_error(tmp_path):
+    (found,) = problems(tmp_path, LESSON + "\n# %% [markdown]\n# Output:\n# ```text\n# 1\n# ```\n")
+    assert "cell 5: an Output: block after a cell that printed nothing" in found
+
+
+def test_an_unknown_placeholder_is_an_error(tmp_path):
+    found = problems(tmp_path, LESSON.replace("«time»", "«tme»"))
+    assert any("unknown placeholder «tme»" in p for p in found)
+
+
+def test_placeholders_match_only_their_kind():
+    assert checker.line_matches("took «time» s", "took 0.031 s")
+    assert not checker.line_matches("took «time» s", "took fast s")
+    assert not checker.line_matches("(«number»)", "5)")
+    assert checker.line_matches("at «address»", "at 0x7f3a2c")
+    assert not checker.line_matches("at «address»", "at 7f3a2c")
+
+
+def test_an_exception_names_the_cell_and_stops_the_run(tmp_path):
+    (found,) = problems(tmp_path, LESSON.replace('HERE = Path', '1 / 0\nHERE = Path'))
+    assert "lesson.py, cell 2 raised" in found and "ZeroDivisionError" in found
+
+
+def test_deprecation_and_future_warnings_fail_unless_allowed(tmp_path):
+    text = LESSON.replace("quiet = 1", "import warnings\nwarnings.warn('old api', FutureWarning)")
+    run = checker.run_script(write(tmp_path, text))
+    assert any("FutureWarning" in p and "old api" in p for p in run.problems())
+    run.allowed_warnings = ("old api",)
+    assert run.problems() == []
+
+
+def test_the_notebook_is_checked_the_same_way(tmp_path):
+    script = write(tmp_path, LESSON.replace("48 bytes\n", "64 bytes\n"))
+    notebooks.notebook_path(script).write_text(notebooks.render(script))
+    (found,) = checker.run_notebook(notebooks.notebook_path(script)).problems()
+    assert "lesson.ipynb, cell 2: printed output differs" in found
+
+
+def test_a_bare_expression_in_the_notebook_is_an_error(tmp_path):
+    script = write(tmp_path, LESSON.replace("quiet = 1", "quiet = 1\nquiet"))
+    notebooks.notebook_path(script).write_text(notebooks.render(script))
+    (found,) = checker.run_notebook(notebooks.notebook_path(script)).problems()
+    assert "cell 4 ends with a bare expression" in found
+
+
+def test_notebooks_are_deterministic_and_staleness_is_detected(tmp_path):
+    script = write(tmp_path, LESSON)
+    assert notebooks.render(script) == notebooks.render(script)
+    notebooks.notebook_path(script).write_text(notebooks.render(script))
+    assert notebooks.stale([script]) == []
+    script.write_text(LESSON.replace("quiet = 1", "quiet = 2"))
+    assert notebooks.stale([script]) == [notebooks.notebook_path(script)]

@@ -1,0 +1,108 @@
+"""Course-wide checks: the manifest, every lesson complete, notebooks and README in sync, pin."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import re
+import sys
+import tomllib
+
+import pytest
+
+from scripts import manifest, notebooks, readme
+from scripts.checker import read_cells
+from scripts.pytest_course import import_file
+
+READY = manifest.ready()
+ALLOWED_IMPORTS = set(sys.stdlib_module_names) | {"torch", "numpy", "matplotlib"}
+
+
+def test_torch_is_the_pinned_version():
+    pins = tomllib.loads((manifest.ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pinned = next(p.split("==")[1] for p in pins if p.startswith("torch=="))
+    installed = importlib.metadata.version("torch").split("+")[0]
+    assert installed == pinned, f"torch {installed} is installed but the course is pinned to {pinned}: run `make install`"
+
+
+def test_manifest_lists_exactly_the_lesson_folders():
+    folders = {p.name for p in manifest.LESSONS.iterdir() if p.is_dir() and re.match(r"\d\d_", p.name)}
+    listed = {lesson.folder for lesson in READY}
+    assert folders - listed == set(), f"lesson folders missing from lessons/course.toml: {folders - listed}"
+    assert listed - folders == set(), f"ready lessons without a folder: {listed - folders}"
+
+
+def test_manifest_is_in_teaching_order():
+    lessons = manifest.load()
+    assert [lesson.number for lesson in lessons] == [f"{i:02d}" for i in range(1, len(lessons) + 1)]
+    for lesson in lessons:
+        assert lesson.folder.startswith(f"{lesson.number}_")
+        assert lesson.status in manifest.STATUSES, lesson
+        assert all(p < lesson.number for p in lesson.prerequisites), lesson
+        assert set(lesson.devices) <= {"cuda", "mps", "multigpu"}, lesson
+        assert lesson.budget_s <= 30 or lesson.budget_note, f"{lesson.number}: say why in budget_note"
+        if lesson.status == "planned":
+            assert not lesson.dir.exists(), f"{lesson.folder} exists: mark it ready"
+
+
+@pytest.mark.parametrize("lesson", READY, ids=lambda lesson: lesson.number)
+def test_lesson_is_complete(lesson: manifest.Lesson):
+    test_file = lesson.dir / f"test_{lesson.slug}.py"
+    for path in (lesson.script, notebooks.notebook_path(lesson.script), test_file):
+        assert path.exists(), f"{path.relative_to(manifest.ROOT)} is missing"
+    tests = {n.name for n in ast.parse(test_file.read_text()).body if isinstance(n, ast.FunctionDef)}
+    assert {"test_script_outputs", "test_notebook_outputs"} <= tests, f"{test_file.name} must check both"
+    cells = read_cells(lesson.script)
+    opening = cells[0].source
+    for heading in ("What you will learn", "Prerequisites", "How to run"):
+        assert heading in opening, f"{lesson.folder}: the opening cell needs '{heading}'"
+    text = "\n".join(c.source for c in cells if c.kind == "markdown")
+    assert "## Summary" in text and "## Exercises" in text, f"{lesson.folder}: Summary and Exercises"
+    code = "\n".join(c.source for c in cells if c.kind == "code")
+    assert "torch.set_num_threads(1)" in code and "torch.manual_seed(" in code
+
+
+def imported_modules(path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("lesson", READY, ids=lambda lesson: lesson.number)
+def test_lesson_is_self_contained(lesson: manifest.Lesson):
+    """A student can copy the folder: it imports only stdlib, torch, numpy, matplotlib, itself."""
+    own = {p.stem for p in lesson.dir.glob("*.py")}
+    for path in lesson.dir.glob("*.py"):
+        if path.name.startswith("test_"):
+            continue  # tests use the course tooling
+        extra = imported_modules(path) - ALLOWED_IMPORTS - own
+        assert not extra, f"{path.relative_to(manifest.ROOT)} imports {sorted(extra)}"
+
+
+@pytest.mark.parametrize("lesson", [l for l in READY if (l.dir / "exercises.py").exists()],
+                         ids=lambda lesson: lesson.number)
+def test_exercises_are_stubs_matching_the_solutions(lesson: manifest.Lesson):
+    def public(module):
+        return {n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                and getattr(v, "__module__", None) == module.__name__}
+
+    stubs, answers = import_file(lesson.dir / "exercises.py"), import_file(lesson.dir / "solutions.py")
+    assert public(stubs) == public(answers)
+    for name in public(stubs):
+        body = ast.parse(__import__("inspect").getsource(getattr(stubs, name))).body[0].body
+        raises = [n for n in ast.walk(body[-1]) if isinstance(n, ast.Name) and n.id == "NotImplementedError"]
+        assert raises, f"exercises.py: {name} must still raise NotImplementedError"
+
+
+def test_notebooks_are_in_sync():
+    stale = [str(p.relative_to(manifest.ROOT)) for p in notebooks.stale(manifest.lesson_scripts())]
+    assert not stale, f"stale notebooks {stale}: regenerate them with `make notebooks`"
+
+
+def test_readme_course_map_is_in_sync():
+    text = readme.README.read_text()
+    assert readme.render(text) == text, "README.md's course map is stale: run `make readme`"
