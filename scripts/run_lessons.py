@@ -68,10 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     lessons = [find(args.show)] if args.show else ready()
     results = []
     for i, lesson in enumerate(lessons, start=1):
-        print(f"[{i}/{len(lessons)}] {lesson.number} {lesson.title} ...", flush=True)
+        if lesson.status != "ready":
+            print(f"lesson {lesson.number} ({lesson.title}) is planned, not written yet")
+            return 2
+        # one progress line per lesson (with --show the lesson's own output comes between)
+        print(f"[{i}/{len(lessons)}] {lesson.number} {lesson.title} ...", end="\n" if args.show else " ", flush=True)
         results.append(r := run(lesson, show=bool(args.show)))
-        log = f"  (log: build/logs/{lesson.folder}.log)" if not args.show else ""
-        print(f"[{i}/{len(lessons)}] {lesson.number} {r.status} in {r.seconds:.1f} s{log}", flush=True)
+        log = "" if args.show else f"  (log: build/logs/{lesson.folder}.log)"
+        print(f"{r.status} in {r.seconds:.1f} s{log}", flush=True)
     print()
     print(table(results))
     return 0 if all(r.status == "ok" for r in results) else 1

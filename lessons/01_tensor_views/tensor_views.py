@@ -1,0 +1,457 @@
+# %% [markdown]
+# # 01 · Tensor views: a tensor is metadata over storage
+#
+# A PyTorch tensor is two things: a flat block of memory (its *storage*) and a small
+# record that says how to read it (sizes, strides, a storage offset, a dtype, a device).
+# Transposing, slicing, permuting and most reshapes only write a new record: the numbers
+# stay where they are. This lesson takes that record apart.
+#
+# **What you will learn**
+#
+# - what storage, sizes, strides, storage offset, dtype and device are, and how to print them;
+# - why PyTorch counts strides in elements and NumPy in bytes;
+# - why a transpose or a slice costs nothing, and why writing through it changes the base;
+# - when `view` works, when it fails, and what `reshape` and `contiguous()` copy;
+# - what the [B, S, H] → [B, H, S] permute of attention does to memory, and what a later
+#   op must do about it.
+#
+# **Prerequisites:** Python, and tensor basics (`torch.arange`, indexing, `.shape`).
+#
+# **How to run:** `python lessons/01_tensor_views/tensor_views.py` or `make lesson N=01`
+# from the repository root, or open `tensor_views.ipynb`. Everything runs on the CPU in a
+# few seconds. Each printing cell is followed by an *Output* block: what it printed with
+# the pinned PyTorch (2.13.0), checked by `make test`.
+
+# %%
+import itertools
+import os
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.patches import Rectangle
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # one thread: reproducible results, comparable timings
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+DEVICE = torch.device(os.environ.get("COURSE_DEVICE", "cpu"))
+
+
+def same_storage(a, b):
+    """True when a and b read the same allocation (compares start addresses, never printed)."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def storage_values(t):
+    """The whole storage under t, in storage order, as a 1-D view (no copy)."""
+    n = t.untyped_storage().nbytes() // t.element_size()
+    return t.as_strided((n,), (1,), 0)  # offset 0 here is absolute: the storage's start
+
+
+def first_sentence(err):
+    """The first sentence of an error message: stable, and short enough to print."""
+    return str(err).split(". ")[0]
+
+
+# %% [markdown]
+# ## 1. The record: sizes, strides, offset, dtype, device
+#
+# **Predict.** `x = torch.arange(6).reshape(2, 3)` holds the int64 values 0..5. To go from
+# `x[0, 0]` to `x[1, 0]` you skip a whole row; to go to `x[0, 1]`, one element. What will
+# `x.stride()` be? How many bytes does its storage hold?
+
+# %%
+x = torch.arange(6).reshape(2, 3)  # (2, 3) int64
+print(f"x {x.tolist()}")
+print(f"shape {tuple(x.shape)}  strides {x.stride()}  offset {x.storage_offset()}")
+print(f"dtype {x.dtype}  element size {x.element_size()} bytes  device {x.device}")
+print(f"storage {x.untyped_storage().nbytes()} bytes, in storage order {storage_values(x).tolist()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# x [[0, 1, 2], [3, 4, 5]]
+# shape (2, 3)  strides (3, 1)  offset 0
+# dtype torch.int64  element size 8 bytes  device cpu
+# storage 48 bytes, in storage order [0, 1, 2, 3, 4, 5]
+# ```
+#
+# The storage is a flat run of 6 × 8 = 48 bytes. The strides say how many *elements* to
+# skip per step along each dimension: 3 to the next row, 1 to the next column. Element
+# `x[i, j]` lives at storage position `offset + 3*i + 1*j`. In general, for an index
+# `(i0, i1, ...)` the position is `offset + i0*stride0 + i1*stride1 + ...`: that formula is
+# all a strided tensor is.
+#
+# **Predict.** NumPy stores the same kind of record. `x.numpy()` shares x's memory. What
+# will its `.strides` be?
+
+# %%
+a = x.numpy()  # shares x's memory: no copy
+print(f"torch strides {x.stride()} (elements)")
+print(f"numpy strides {a.strides} (bytes), itemsize {a.itemsize}")
+print(f"stride x itemsize {tuple(s * x.element_size() for s in x.stride())}")
+f = np.arange(6, dtype=np.float32).reshape(2, 3)  # a float32 array built by NumPy itself
+print(f"float32 numpy strides {f.strides}, torch strides {torch.from_numpy(f).stride()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# torch strides (3, 1) (elements)
+# numpy strides (24, 8) (bytes), itemsize 8
+# stride x itemsize (24, 8)
+# float32 numpy strides (12, 4), torch strides (3, 1)
+# ```
+#
+# Same layout, two units: NumPy strides are byte strides, PyTorch strides are element
+# strides, and `numpy_stride = torch_stride * itemsize`. The float32 array makes the point:
+# its byte strides halve, its element strides do not change. PyTorch counts elements
+# because the dtype is already in the record; the storage offset is counted in elements too.
+
+# %% [markdown]
+# ## 2. A transpose is a new record over the same storage
+#
+# **Predict.** `y = x.t()` has shape (3, 2). Does PyTorch move the six numbers? What are
+# `y`'s strides? Where does the value 3 sit in `y`?
+
+# %%
+y = x.t()  # (3, 2)
+print(f"y {y.tolist()}")
+print(f"shape {tuple(y.shape)}  strides {y.stride()}  contiguous {y.is_contiguous()}")
+print(f"same storage: {same_storage(x, y)}")
+print(f"storage {y.untyped_storage().nbytes()} bytes, in storage order {storage_values(y).tolist()}")
+print(f"x[1, 0] = {x[1, 0].item()}  y[0, 1] = {y[0, 1].item()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# y [[0, 3], [1, 4], [2, 5]]
+# shape (3, 2)  strides (1, 3)  contiguous False
+# same storage: True
+# storage 48 bytes, in storage order [0, 1, 2, 3, 4, 5]
+# x[1, 0] = 3  y[0, 1] = 3
+# ```
+#
+# The transpose swapped the sizes *and* the strides, nothing else. Both tensors point to
+# the same 48 bytes (we compare the storages' start addresses rather than print them: an
+# address changes from run to run). The value 3 is storage position 3: `x` reaches it as
+# `0 + 3*1 + 1*0` and `y` as `0 + 1*0 + 3*1`. `y` is *not contiguous*: walking it in
+# row-major order (0, 3, 1, 4, 2, 5) jumps around its storage instead of reading it in order.
+
+# %% [markdown]
+# ## 3. A slice is a view with an offset
+#
+# **Predict.** `m = torch.arange(12).reshape(3, 4)`. Row `m[1]` and column `m[:, 1]` are
+# views too. At which storage position does each start, and what is its stride? What about
+# every other column, `m[:, ::2]`?
+
+# %%
+m = torch.arange(12).reshape(3, 4)  # (3, 4)
+row, col, even = m[1], m[:, 1], m[:, ::2]  # (4,), (3,), (3, 2)
+for name, t in [("m[1]", row), ("m[:, 1]", col), ("m[:, ::2]", even)]:
+    print(f"{name:<10} {str(t.tolist()):<26} offset {t.storage_offset()}  strides {t.stride()}")
+print(f"same storage: {same_storage(m, row) and same_storage(m, col) and same_storage(m, even)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# m[1]       [4, 5, 6, 7]               offset 4  strides (1,)
+# m[:, 1]    [1, 5, 9]                  offset 1  strides (4,)
+# m[:, ::2]  [[0, 2], [4, 6], [8, 10]]  offset 0  strides (4, 2)
+# same storage: True
+# ```
+#
+# Row 1 starts 4 cells in (one row of 4 skipped) and walks with stride 1. Column 1 starts
+# at cell 1 and jumps a whole row (4 cells) per step. Taking every other column doubles
+# the column stride to 2. A slice is a new offset and new strides over the same storage:
+# no numbers are copied, whatever the step.
+#
+# **Predict.** A stride can even be 0. `torch.arange(3).expand(2, 3)` shows two rows; how
+# many bytes does it hold, and what is the stride that moves from row 0 to row 1?
+
+# %%
+e = torch.arange(3).expand(2, 3)  # (2, 3) over 3 stored elements
+print(f"expand {e.tolist()}  strides {e.stride()}  storage {e.untyped_storage().nbytes()} bytes")
+try:
+    e.add_(1)  # would add 1 to each stored cell twice
+except RuntimeError as err:
+    print(f"add_ failed: {first_sentence(err)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# expand [[0, 1, 2], [0, 1, 2]]  strides (0, 1)  storage 24 bytes
+# add_ failed: unsupported operation: more than one element of the written-to tensor refers to a single memory location
+# ```
+#
+# Stride 0 means "do not move": every row reads the same three cells. That is how
+# broadcasting repeats a tensor without storing the copies. Several indices share one cell,
+# so PyTorch refuses in-place ops on the whole tensor (the full message suggests `clone()`
+# first). As the exercises show, stride 0 also decides which `view`s are possible.
+
+# %% [markdown]
+# ## 4. Writing through a view writes the base
+#
+# **Predict.** Multiply the column view `col = m[:, 1]` by 10 in place. What happens to `m`?
+
+# %%
+col.mul_(10)  # in place, through the view
+print(f"col {col.tolist()}")
+print(f"m   {m.tolist()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# col [10, 50, 90]
+# m   [[0, 10, 2, 3], [4, 50, 6, 7], [8, 90, 10, 11]]
+# ```
+#
+# There is only one copy of the numbers, so a write through any view is a write to the
+# base, and to every other view of the same cells. That is what makes views cheap, and
+# also why an in-place op on a view can surprise you (autograd tracks it with a version
+# counter: lesson 03).
+
+# %% [markdown]
+# ## 5. `view` needs compatible strides; `reshape` and `contiguous()` may copy
+#
+# `view(shape)` only writes a new record, so it must find strides that reach exactly the
+# same cells in the new shape's row-major order.
+#
+# **Predict.** Will `y.view(-1)` (flatten the transpose) work? And `y.reshape(-1)`? If
+# `reshape` works, does the result share `x`'s storage?
+
+
+# %%
+try:
+    y.view(-1)
+except RuntimeError as err:
+    print(f"view(-1) failed: {first_sentence(err)}")
+r = y.reshape(-1)  # (6,)
+print(f"reshape(-1) {r.tolist()}  same storage: {same_storage(r, x)}")
+r[0] = 100  # the copy is independent
+print(f"after r[0] = 100: r[0] = {r[0].item()}, x[0, 0] = {x[0, 0].item()}")
+print(f"x.reshape(-1) same storage: {same_storage(x.reshape(-1), x)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# view(-1) failed: view size is not compatible with input tensor's size and stride (at least one dimension spans across two contiguous subspaces)
+# reshape(-1) [0, 3, 1, 4, 2, 5]  same storage: False
+# after r[0] = 100: r[0] = 100, x[0, 0] = 0
+# x.reshape(-1) same storage: True
+# ```
+#
+# Flattening `y` row by row must read storage positions 0, 3, 1, 4, 2, 5. One stride
+# cannot produce that sequence, so `view` refuses. The error's words: the dimensions of
+# `y` do not form one *contiguous subspace* (a run of dimensions where each stride equals
+# the next stride times the next size), and flattening would have to span two of them.
+# `reshape` falls back to a copy: new storage, values laid out in the new order, no
+# aliasing. On `x`, which is contiguous, `reshape(-1)` is just a view. So `reshape` may or
+# may not alias its input; if you write to the result, know which.
+#
+# **Predict.** `contiguous()` returns a tensor whose storage order is its row-major order.
+# What does it do for `y`, and for `x`, which already is contiguous?
+
+# %%
+yc = y.contiguous()  # (3, 2), a copy laid out row by row
+print(f"y.contiguous() strides {yc.stride()}  same storage: {same_storage(yc, x)}")
+print(f"x.contiguous() is x: {x.contiguous() is x}  same storage: {same_storage(x.contiguous(), x)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# y.contiguous() strides (2, 1)  same storage: False
+# x.contiguous() is x: True  same storage: True
+# ```
+#
+# For `y` it copies into a fresh storage with strides (2, 1). For `x` it returns `x`
+# itself: no copy, same object. Calling `.contiguous()` "just in case" is therefore free
+# when the tensor already is contiguous, and a full copy when it is not.
+
+# %% [markdown]
+# ## 6. The attention layout
+#
+# A projection in a transformer gives queries laid out as (B, S, H·D): batch, sequence,
+# heads × head size. Splitting the last dimension into (H, D) is a view. Attention kernels
+# want the heads before the sequence, (B, H, S, D), so the code swaps S and H.
+#
+# **Predict.** With B=2, S=4, H=3, D=5, what are the strides of `q` (B, S, H, D) and of
+# `qh = q.transpose(1, 2)` (B, H, S, D)? Is `qh` contiguous? Is it a copy?
+
+# %%
+B, S, H, D = 2, 4, 3, 5
+proj = torch.randn(B, S, H * D, device=DEVICE)  # (B, S, H*D), e.g. the output of x @ W_q
+q = proj.view(B, S, H, D)  # (B, S, H, D): splitting the last dim is always a view
+qh = q.transpose(1, 2)  # (B, H, S, D)
+for name, t in [("q", q), ("qh", qh)]:
+    print(f"{name:<3} shape {tuple(t.shape)}  strides {t.stride()}  contiguous {t.is_contiguous()}")
+print(f"same storage: {same_storage(qh, proj)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# q   shape (2, 4, 3, 5)  strides (60, 15, 5, 1)  contiguous True
+# qh  shape (2, 3, 4, 5)  strides (60, 5, 15, 1)  contiguous False
+# same storage: True
+# ```
+#
+# `qh` is a permuted view: its strides (60, 5, 15, 1) are `q`'s strides in a new order, not
+# decreasing any more. Elementwise ops and many kernels accept such a view (they read it
+# through the strides); the cost shows up when an op needs a particular layout.
+#
+# **Predict.** A batched matmul wants 3-D input: can `qh.view(B * H, S, D)` merge the batch
+# and head dimensions without copying? And after `.contiguous()`?
+
+# %%
+try:
+    qh.view(B * H, S, D)
+except RuntimeError as err:
+    print(f"view(B*H, S, D) failed: {first_sentence(err)}")
+qc = qh.contiguous()  # (B, H, S, D), a copy in row-major order
+print(f"contiguous: strides {qc.stride()}  same storage: {same_storage(qc, proj)}")
+nbytes = qc.numel() * qc.element_size()  # every element read once and written once
+print(f"copied {qc.numel()} elements x {qc.element_size()} bytes = {nbytes} bytes")
+q3 = qc.view(B * H, S, D)  # (B*H, S, D)
+print(f"view(B*H, S, D) shape {tuple(q3.shape)}  strides {q3.stride()}  "
+      f"same storage: {same_storage(q3, qc)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# view(B*H, S, D) failed: view size is not compatible with input tensor's size and stride (at least one dimension spans across two contiguous subspaces)
+# contiguous: strides (60, 20, 5, 1)  same storage: False
+# copied 120 elements x 4 bytes = 480 bytes
+# view(B*H, S, D) shape (6, 4, 5)  strides (20, 5, 1)  same storage: True
+# ```
+#
+# Merging B and H would need one stride that steps over heads (5) and over batches (60)
+# evenly; 60 ≠ 3 × 5, so `view` refuses. `contiguous()` pays a copy of every element
+# (each byte read once and written once, on any device), after which the merge is a free
+# view.
+# `reshape(B * H, S, D)` would do the same copy silently.
+#
+# The same thing happens on the way back. Attention returns (B, H, S, D); the next linear
+# layer wants (B, S, H·D). nanoGPT writes `y.transpose(1, 2).contiguous().view(B, T, C)`:
+#
+# **Predict.** Which of the three steps copies? Do we get `proj` back exactly?
+
+# %%
+back = qc.transpose(1, 2)  # (B, S, H, D), a view of qc
+print(f"transpose back: contiguous {back.is_contiguous()}")
+merged = back.contiguous().view(B, S, H * D)  # (B, S, H*D)
+print(f"merged shape {tuple(merged.shape)}  strides {merged.stride()}  "
+      f"equal to proj: {torch.equal(merged, proj)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# transpose back: contiguous False
+# merged shape (2, 4, 15)  strides (60, 15, 1)  equal to proj: True
+# ```
+#
+# `transpose` is free, `contiguous()` copies, and `view` is free again. Without the
+# `contiguous()` the `view` would raise, for the reason above. The values make the round
+# trip exactly: layout changes move numbers, they never change them.
+
+# %% [markdown]
+# ## 7. Picture it: one storage, three readers
+#
+# Label every storage cell with its own position, then read it back through a view with
+# the same sizes, strides and offset: each value tells you which cell that index reads.
+#
+# **Predict.** For `x`, `y = x.t()` and the slice `s = x[:, 1:]`, which storage cell does
+# each index read, and which cells does the slice never touch?
+
+
+# %%
+def storage_map(t):
+    """{storage position: index} for every element of t, found by asking PyTorch."""
+    probe = torch.arange(len(storage_values(t)))  # cell p holds the value p
+    view = probe.as_strided(t.shape, t.stride(), t.storage_offset())  # t's geometry
+    return {int(view[idx]): idx for idx in itertools.product(*map(range, t.shape))}
+
+
+def fmt_index(idx):
+    return "[" + ",".join(map(str, idx)) + "]"
+
+
+def plot_storage_views(views):
+    """One row per view: the storage cells, each labelled with the index that reads it."""
+    n = max(len(storage_values(t)) for t in views.values())
+    fig, axes = plt.subplots(len(views), 1, figsize=(1.0 * n + 1, 1.4 * len(views)), squeeze=False)
+    for ax, (name, t) in zip(axes[:, 0], views.items()):
+        cells = storage_map(t)
+        for p in range(n):
+            color = "tab:blue" if p in cells else "0.85"  # grey: a cell this view never reads
+            ax.add_patch(Rectangle((p, 0), 1, 1, facecolor=color, alpha=0.4, edgecolor="black"))
+            if p in cells:
+                ax.text(p + 0.5, 0.5, fmt_index(cells[p]), ha="center", va="center")
+        ax.set_xlim(0, n)
+        ax.set_ylim(0, 1)
+        ax.set_xticks([p + 0.5 for p in range(n)], [str(p) for p in range(n)])
+        ax.set_yticks([])
+        ax.set_title(f"{name}: shape {tuple(t.shape)}, strides {t.stride()}, offset {t.storage_offset()}")
+    axes[-1, 0].set_xlabel("storage position")
+    fig.tight_layout()
+    return fig
+
+
+# %%
+s = x[:, 1:]  # (2, 2), offset 1
+views = {"x": x, "y = x.t()": y, "s = x[:, 1:]": s}
+n = len(storage_values(x))  # 6 cells
+print("storage position " + "".join(f"{p:>7}" for p in range(n)))
+for name, t in views.items():
+    cells = storage_map(t)  # '.' marks a cell this view never reads
+    labels = [fmt_index(cells[p]) if p in cells else "." for p in range(n)]
+    print(f"{name:<16} " + "".join(f"{label:>7}" for label in labels))
+fig = plot_storage_views(views)
+fig.savefig(HERE / "storage_views.png", dpi=100)
+print("saved storage_views.png")
+
+# %% [markdown]
+# Output:
+# ```text
+# storage position       0      1      2      3      4      5
+# x                  [0,0]  [0,1]  [0,2]  [1,0]  [1,1]  [1,2]
+# y = x.t()          [0,0]  [1,0]  [2,0]  [0,1]  [1,1]  [2,1]
+# s = x[:, 1:]           .  [0,0]  [0,1]      .  [1,0]  [1,1]
+# saved storage_views.png
+# ```
+#
+# Read one column of the table (or of the figure, `storage_views.png`): storage cell 3 is
+# `x[1,0]` and `y[0,1]`, and the slice `s` never reads it. The slice starts at offset 1,
+# keeps `x`'s strides (3, 1), and so skips cells 0 and 3. Three records, one set of six
+# numbers. `storage_map` does not use the formula of section 1: it asks PyTorch which cell
+# each index reads, so the table agrees with the formula only because the formula is right.
+# The exercise tests use the same trick to check your code.
+
+# %% [markdown]
+# ## Summary
+#
+# - A strided tensor = storage + (sizes, strides, storage offset, dtype, device). Element
+#   `index` lives at `offset + sum(index[k] * stride[k])`, in elements; NumPy's byte
+#   strides are those times the itemsize.
+# - Transpose, permute, slicing (with steps), `expand`, and `view` only write a new record:
+#   same storage, no copy, and writes through them reach the base.
+# - A tensor is contiguous when its row-major order is its storage order. `view` works only
+#   when the new shape can be read with strides (it never copies); `reshape` copies when it
+#   must; `contiguous()` copies unless the tensor already is contiguous, in which case it
+#   returns the tensor itself.
+# - Attention's (B, S, H, D) → (B, H, S, D) transpose is free, but merging dimensions
+#   afterwards needs `contiguous()`: one full copy. On a GPU, this lesson's test times a
+#   reduction over a contiguous and a transposed input (`make test-gpu`).
+#
+# ## Exercises
+#
+# Open `exercises.py` in this folder and implement, in plain Python:
+#
+# 1. `element_offset(index, strides, offset)`: the storage position of one element.
+# 2. `contiguous_strides(shape)`: the strides PyTorch gives a new tensor of that shape
+#    (mind sizes 0 and 1).
+# 3. `can_view(shape, strides, new_shape)`: does `view(new_shape)` work without a copy?
+#    Think in chunks of dimensions that can be merged, and check size-1, size-0 and
+#    stride-0 (expanded) dimensions.
+#
+# Check your answers with `make exercises N=01`: the tests compare each function with
+# PyTorch on hundreds of random cases. `solutions.py` has one way to write them.

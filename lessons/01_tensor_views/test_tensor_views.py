@@ -1,0 +1,317 @@
+"""Tests of lesson 01: documented outputs, the lesson's key values, its figure, the
+exercises (against PyTorch on random cases), and a contiguous-vs-transposed timing on GPU."""
+
+import math
+import random
+import statistics
+import time
+
+import pytest
+import torch
+
+
+def test_script_outputs(lesson):
+    lesson.check()
+
+
+def test_notebook_outputs(lesson_notebook):
+    lesson_notebook.check()
+
+
+# ----------------------------------------------------------------------------------------
+# Key values of the lesson, read from the namespace the script left behind
+
+
+def test_transpose_is_a_view(lesson):
+    x, y, same = lesson.ns["x"], lesson.ns["y"], lesson.ns["same_storage"]
+    assert x.dtype == torch.int64 and x.stride() == (3, 1)
+    assert y.shape == (3, 2) and y.stride() == (1, 3) == x.stride()[::-1]
+    assert same(x, y) and not y.is_contiguous()
+    assert x.untyped_storage().nbytes() == x.numel() * x.element_size() == 48
+    assert x[1, 0] == y[0, 1] == 3
+    assert x.numpy().strides == tuple(s * x.element_size() for s in x.stride())
+
+
+def test_slices_have_offsets(lesson):
+    row, col, even = lesson.ns["row"], lesson.ns["col"], lesson.ns["even"]
+    assert (row.storage_offset(), row.stride()) == (4, (1,))
+    assert (col.storage_offset(), col.stride()) == (1, (4,))
+    assert even.stride() == (4, 2)
+    # the lesson multiplied col by 10 in place: the base m saw it
+    m = lesson.ns["m"]
+    assert torch.equal(m[:, 1], col) and m[2, 1] == 90
+
+
+def test_reshape_copies_and_contiguous(lesson):
+    ns = lesson.ns
+    x, r, yc, same = ns["x"], ns["r"], ns["yc"], ns["same_storage"]
+    assert not same(r, x) and r.tolist()[1:] == [3, 1, 4, 2, 5]
+    assert x[0, 0] == 0  # writing r[0] left the base alone
+    assert not same(yc, x) and yc.stride() == (2, 1) and torch.equal(yc, ns["y"])
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        ns["y"].view(-1)
+
+
+def test_attention_layout(lesson):
+    ns = lesson.ns
+    B, S, H, D = ns["B"], ns["S"], ns["H"], ns["D"]
+    qh, qc, q3 = ns["qh"], ns["qc"], ns["q3"]
+    assert qh.shape == (B, H, S, D) and not qh.is_contiguous()
+    assert ns["same_storage"](qh, ns["proj"]) and not ns["same_storage"](qc, ns["proj"])
+    assert qc.is_contiguous() and torch.equal(qc, qh)
+    assert q3.shape == (B * H, S, D) and torch.equal(q3[H + 1], qh[1, 1])  # batch 1, head 1
+    assert torch.equal(ns["merged"], ns["proj"])
+
+
+def cell_texts(ax):
+    """{storage position: label} of the texts drawn in one row of the figure."""
+    return {round(t.get_position()[0] - 0.5): t.get_text() for t in ax.texts}
+
+
+def test_figure_shows_storage_map(lesson):
+    ns = lesson.ns
+    views, fmt, storage_map = ns["views"], ns["fmt_index"], ns["storage_map"]
+    fig = ns["plot_storage_views"](views)
+    axes = fig.get_axes()
+    assert len(axes) == len(views) == 3
+    for ax, (name, t) in zip(axes, views.items()):
+        expected = {p: fmt(idx) for p, idx in storage_map(t).items()}
+        assert cell_texts(ax) == expected
+        assert ax.get_title().startswith(f"{name}: shape {tuple(t.shape)}, strides {t.stride()}")
+        assert len(ax.patches) == ns["x"].numel()  # one rectangle per storage cell
+    assert axes[-1].get_xlabel() == "storage position"
+    # the slice x[:, 1:] skips cells 0 and 3; the transpose reads cell 3 as [0,1]
+    assert sorted(storage_map(ns["s"])) == [1, 2, 4, 5]
+    assert storage_map(ns["y"])[3] == (0, 1)
+    assert (ns["HERE"] / "storage_views.png").is_file()
+
+
+# ----------------------------------------------------------------------------------------
+# Exercises: random tensors made by chains of real view ops, checked against PyTorch
+
+
+def random_shape(rng, max_dims=4):
+    sizes = [0] * 1 + [1] * 3 + [2] * 4 + [3] * 3 + [4] * 2  # size 0 now and then
+    return tuple(rng.choice(sizes) for _ in range(rng.randint(0, max_dims)))
+
+
+def random_view(rng, t):
+    """t after one random view op: permute, strided slice, unsqueeze+expand, or narrow."""
+    op = rng.choice(["permute", "slice", "expand", "unsqueeze", "narrow"])
+    if t.dim() == 0 or op == "unsqueeze":
+        return t.unsqueeze(rng.randint(0, t.dim()))
+    d = rng.randrange(t.dim())
+    if op == "permute":
+        return t.permute(rng.sample(range(t.dim()), t.dim()))
+    if op == "slice":
+        idx = [slice(None)] * t.dim()
+        idx[d] = slice(rng.randint(0, 1), None, rng.choice([1, 2, 3]))  # step > 1: gaps
+        return t[tuple(idx)]
+    if op == "expand":
+        t = t.unsqueeze(d)  # a new size-1 dim, then stride 0 along it
+        return t.expand(*t.shape[:d], rng.choice([1, 2, 3]), *t.shape[d + 1 :])
+    n = t.shape[d]
+    return t.narrow(d, rng.randint(0, n // 2), n - n // 2) if n else t
+
+
+def random_tensor(rng):
+    """A view of torch.arange(N) (so each element's value is its storage position)."""
+    shape = random_shape(rng, max_dims=3)
+    t = torch.arange(math.prod(shape)).reshape(shape)
+    for _ in range(rng.randint(0, 4)):
+        t = random_view(rng, t)
+    return t
+
+
+def random_as_strided(rng):
+    """Arbitrary sizes and strides (overlaps and stride 0 included) over a big storage."""
+    shape = random_shape(rng)
+    strides = tuple(rng.choice([0, 1, 1, 2, 3, 4, 6, 8, 12]) for _ in shape)
+    return torch.empty(200, dtype=torch.int8).as_strided(shape, strides)
+
+
+def factorize(rng, numel):
+    """A random shape with numel elements: numel's prime factors dealt into random dims."""
+    if numel == 0:
+        shape = list(random_shape(rng, max_dims=3)) + [0]
+        rng.shuffle(shape)
+        return tuple(shape)
+    factors, n, p = [], numel, 2
+    while n > 1:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    dims = [1] * rng.randint(1, 4)
+    for f in factors:
+        dims[rng.randrange(len(dims))] *= f
+    return tuple(dims)
+
+
+def new_shapes(rng, t):
+    numel = t.numel()
+    shapes = [factorize(rng, numel) for _ in range(3)]
+    shapes.append(factorize(rng, numel + rng.choice([1, 2, numel or 1])))  # wrong numel
+    return shapes
+
+
+def torch_can_view(t, new_shape):
+    try:
+        t.view(new_shape)
+        return True
+    except RuntimeError:
+        return False
+
+
+def view_cases(seed=0, n=500):
+    """[(shape, strides, new_shape)] from real view chains and from as_strided layouts."""
+    rng, cases = random.Random(seed), []
+    for k in range(n):
+        t = random_tensor(rng) if k % 3 else random_as_strided(rng)
+        cases += [(tuple(t.shape), t.stride(), s) for s in new_shapes(rng, t)]
+    return cases
+
+
+# Hand-picked (shape, strides, new_shape) that catch plausible wrong answers; the expected
+# answer is always PyTorch's, never typed here.
+HAND_PICKED = {
+    "contiguous-merge": ((2, 3, 4), (12, 4, 1), (6, 4)),
+    "contiguous-split": ((6, 4), (4, 1), (2, 3, 2, 2)),
+    "transpose-flatten": ((3, 2), (1, 3), (6,)),
+    "transpose-add-1": ((3, 2), (1, 3), (3, 1, 2)),
+    "transpose-split-inner": ((4, 6), (1, 4), (4, 2, 3)),
+    "transpose-split-outer": ((4, 6), (1, 4), (2, 2, 6)),
+    "transpose-bad-split": ((4, 6), (1, 4), (2, 12)),
+    "size1-odd-stride": ((3, 1, 4), (4, 99, 1), (12,)),
+    "size1-last-odd-stride": ((2, 3, 1), (3, 1, 5), (6,)),
+    "size1-stride-looks-contiguous": ((2, 1, 3), (1, 3, 2), (6,)),
+    "strided-1d-split": ((6,), (2,), (2, 3)),
+    "strided-1d-merge-fail": ((2, 3), (6, 2), (6,)),
+    "strided-merge-ok": ((2, 3), (12, 4), (6,)),
+    "expand-merge": ((3, 4), (0, 1), (12,)),
+    "expand-split": ((3, 4), (0, 1), (3, 2, 2)),
+    "expand-inner-merge": ((4, 3), (1, 0), (12,)),
+    "expand-inner-split": ((4, 3), (1, 0), (2, 2, 3)),
+    "expand-scalar-merge": ((3, 4), (0, 0), (12,)),
+    "zero-numel-any": ((0, 3), (1, 7), (3, 0, 5)),
+    "zero-numel-transposed": ((2, 0, 3), (1, 5, 2), (6, 0)),
+    "zero-numel-mismatch": ((0, 3), (3, 1), (4,)),
+    "scalar-to-1x1": ((), (), (1, 1)),
+    "one-to-scalar": ((1,), (5,), ()),
+    "numel-mismatch": ((2, 3), (3, 1), (5,)),
+    "numel-mismatch-big": ((2, 3), (3, 1), (7,)),
+    "permute-merge-inner-pair": ((2, 3, 4), (12, 1, 3), (2, 12)),
+    "permute-merge-outer-pair": ((2, 3, 4), (4, 8, 1), (6, 4)),
+}
+
+
+def strided(shape, strides):
+    return torch.empty(500, dtype=torch.int8).as_strided(shape, strides)
+
+
+@pytest.mark.exercise("can_view")
+@pytest.mark.parametrize("case", HAND_PICKED.values(), ids=HAND_PICKED.keys())
+def test_can_view_hand_picked(exercise_module, case):
+    shape, strides, new_shape = case
+    expected = torch_can_view(strided(shape, strides), new_shape)
+    assert exercise_module.can_view(shape, strides, new_shape) == expected, case
+
+
+@pytest.mark.exercise("can_view")
+def test_can_view_matches_torch(exercise_module):
+    cases = view_cases()
+    wrong = []
+    for shape, strides, new_shape in cases:
+        expected = torch_can_view(strided(shape, strides), new_shape)
+        if exercise_module.can_view(shape, strides, new_shape) != expected:
+            wrong.append(f"shape {shape} strides {strides} -> {new_shape}: torch says {expected}")
+    assert not wrong, f"{len(wrong)} of {len(cases)} cases differ, e.g.\n" + "\n".join(wrong[:8])
+
+
+def test_view_cases_are_varied():
+    """The random cases must exercise every rule, or test_can_view_matches_torch proves little."""
+    cases = view_cases()
+    outcomes = [torch_can_view(strided(a, b), c) for a, b, c in cases]
+    same_numel = [o for (a, _, c), o in zip(cases, outcomes) if math.prod(a) == math.prod(c)]
+    assert len(cases) >= 1500
+    assert sum(same_numel) > 300 and same_numel.count(False) > 100
+    assert sum(1 for a, b, _ in cases if 0 in b and math.prod(a) > 1) > 100  # stride 0
+    assert sum(1 for a, _, _ in cases if 0 in a) > 50  # zero elements
+    assert sum(1 for a, _, _ in cases if 1 in a) > 300  # size-1 dims
+
+
+@pytest.mark.exercise("element_offset")
+def test_element_offset_matches_torch(exercise_module):
+    rng, checked = random.Random(1), 0
+    for _ in range(400):
+        t = random_tensor(rng)
+        if t.numel() == 0:
+            continue
+        for _ in range(3):
+            index = tuple(rng.randrange(n) for n in t.shape)
+            got = exercise_module.element_offset(index, t.stride(), t.storage_offset())
+            assert got == t[index].item(), (tuple(t.shape), t.stride(), t.storage_offset(), index)
+            checked += 1
+    assert checked > 600
+
+
+@pytest.mark.exercise("element_offset")
+@pytest.mark.parametrize(
+    "shape, strides, offset, index",
+    [
+        ((2, 3), (3, 1), 5, (0, 0)),  # the offset alone: forgetting it gives 0
+        ((3, 3), (4, 1), 1, (2, 2)),  # the last element of m[:, 1:] for a 3x4 m
+        ((3, 2), (1, 3), 0, (2, 1)),  # a transpose: strides are not shape-derived
+        ((4, 3), (1, 0), 2, (3, 2)),  # stride 0: the index along it does not matter
+        ((), (), 7, ()),  # 0-d tensor
+    ],
+)
+def test_element_offset_hand_picked(exercise_module, shape, strides, offset, index):
+    t = torch.arange(100).as_strided(shape, strides, offset)
+    assert exercise_module.element_offset(index, strides, offset) == t[index].item()
+
+
+@pytest.mark.exercise("contiguous_strides")
+def test_contiguous_strides_matches_torch(exercise_module):
+    rng = random.Random(2)
+    shapes = [(), (0,), (1,), (5,), (2, 0, 3), (3, 0), (0, 0), (4, 1), (1, 4), (2, 1, 3), (2, 0, 1, 3)]
+    shapes += [random_shape(rng, max_dims=5) for _ in range(300)]
+    for shape in shapes:
+        assert exercise_module.contiguous_strides(shape) == torch.empty(shape).stride(), shape
+
+
+# ----------------------------------------------------------------------------------------
+# GPU: a reduction along the last dim reads contiguous memory, or jumps 4096 elements a step
+
+
+def median_ms(fn, sync, warmup=3, repeats=9):
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()  # the GPU runs asynchronously: stop the clock only when it has finished
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+@pytest.mark.parametrize(
+    "device",
+    [pytest.param("cuda", marks=pytest.mark.cuda), pytest.param("mps", marks=pytest.mark.mps)],
+)
+def test_sum_contiguous_vs_transposed(device):
+    sync = torch.cuda.synchronize if device == "cuda" else torch.mps.synchronize
+    gen = torch.Generator().manual_seed(0)
+    # small integers in float32: every partial sum is exact, so any summation order agrees
+    a = torch.randint(-8, 8, (4096, 4096), generator=gen).float().to(device)  # (N, N)
+    at = a.t()  # (N, N) view, last-dim stride 4096
+    ac = at.contiguous()  # same values, last-dim stride 1
+    assert not at.is_contiguous() and ac.is_contiguous()
+    assert torch.equal(ac.sum(-1), at.sum(-1))
+    t_contig = median_ms(lambda: ac.sum(-1), sync)
+    t_trans = median_ms(lambda: at.sum(-1), sync)
+    assert t_contig > 0 and t_trans > 0
+    print(f"{device}: sum(-1) contiguous {t_contig:.3f} ms, transposed {t_trans:.3f} ms, "
+          f"ratio {t_trans / t_contig:.2f}")

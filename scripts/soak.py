@@ -1,0 +1,66 @@
+"""Launch the 2-rank demo worker many times in a row; any abnormal end is a failure.
+
+    python -m scripts.soak --runs 30 [--load]
+
+A run passes only when torchrun exits 0, both ranks print the all-reduced [11, 22], and no
+rank's stderr mentions an abort (``terminate called``). ``--load`` keeps the other core busy
+with a spinning process, which made the teardown abort more frequent when it was measured.
+Nothing is retried: the count of failures is the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+
+from scripts.multirank import Launch, launch
+from scripts.manifest import ROOT
+
+WORKER = ROOT / "tests" / "workers" / "all_reduce.py"
+
+
+def failure(result: Launch) -> str | None:
+    """Why a demo run is not clean, or None."""
+    if not result.ok:
+        return f"exit {result.returncode}, timed out {result.timed_out}"
+    for r in result.ranks.values():
+        if r.stdout != f"rank {r.rank}: all_reduce -> [11.0, 22.0]\n":
+            return f"rank {r.rank} printed {r.stdout!r}"
+        if "terminate called" in r.stderr or "Abort" in r.stderr:
+            return f"rank {r.rank} aborted: {r.stderr.strip()[:200]}"
+    return None
+
+
+def spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--load", action="store_true", help="keep one core busy meanwhile")
+    args = parser.parse_args(argv)
+    load = mp.Process(target=spin, args=(3600,), daemon=True) if args.load else None
+    if load:
+        load.start()
+    failures = 0
+    try:
+        for i in range(1, args.runs + 1):
+            result = launch(Path(WORKER), nproc=2, timeout=60)
+            why = failure(result)
+            failures += why is not None
+            print(f"run {i:3d}/{args.runs}: {'FAILED ' + why if why else 'ok'} ({result.seconds:.1f} s)", flush=True)
+    finally:
+        if load:
+            load.terminate()
+    print(f"{args.runs} runs, {failures} failures{' (other core loaded)' if args.load else ''}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
