@@ -56,10 +56,12 @@ def missing_device(marker: str) -> str | None:
     return None
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    for marker in ("cuda", "mps", "multigpu"):
-        if item.get_closest_marker(marker) and (reason := missing_device(marker)):
-            pytest.skip(reason)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip device tests at collection, so the report names the test and the reason."""
+    for item in items:
+        for marker in ("cuda", "mps", "multigpu"):
+            if item.get_closest_marker(marker) and (reason := missing_device(marker)):
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.hookimpl(hookwrapper=True)
