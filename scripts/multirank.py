@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,7 +122,7 @@ def stop(proc: subprocess.Popen, mark: str) -> str:
 
 def launch(
     worker: Path, nproc: int = 2, timeout: float = 60.0, args: list[str] | None = None,
-    env: dict[str, str] | None = None, max_restarts: int = 0,
+    env: dict[str, str] | None = None, max_restarts: int = 0, keep_logs: bool = False,
 ) -> Launch:
     BUILD.mkdir(exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="multirank-", dir=BUILD))
@@ -143,6 +144,8 @@ def launch(
     result = Launch(None if timed_out else proc.returncode, timed_out, time.monotonic() - start,
                     output, pgid=proc.pid, mark=mark, stragglers=0 if timed_out else stragglers)
     result.ranks = collect_ranks(log_dir, nproc, result)
+    if not keep_logs:
+        shutil.rmtree(log_dir, ignore_errors=True)
     return result
 
 

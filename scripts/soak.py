@@ -25,13 +25,13 @@ WORKER = ROOT / "tests" / "workers" / "all_reduce.py"
 
 def failure(result: Launch) -> str | None:
     """Why a demo run is not clean, or None."""
-    if not result.ok:
-        return f"exit {result.returncode}, timed out {result.timed_out}"
     for r in result.ranks.values():
+        if "terminate called" in r.stderr:
+            return f"rank {r.rank} aborted at exit (exit code {r.exit_code}): {r.stderr.strip()[:120]}"
         if r.stdout != f"rank {r.rank}: all_reduce -> [11.0, 22.0]\n":
             return f"rank {r.rank} printed {r.stdout!r}"
-        if "terminate called" in r.stderr or "Abort" in r.stderr:
-            return f"rank {r.rank} aborted: {r.stderr.strip()[:200]}"
+    if not result.ok:
+        return f"torchrun exit {result.returncode}, timed out {result.timed_out}"
     return None
 
 
