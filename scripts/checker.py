@@ -113,6 +113,17 @@ def diff(expected: list[str], actual: list[str], cell: int) -> str:
     )
 
 
+def misplaced_block(lesson: str, cell: Cell, prev: Cell | None, printed: dict[int, str]) -> str | None:
+    """Why this markdown cell's Output: block documents nothing, or None."""
+    if documented_block(cell.source) is None:
+        return None
+    if prev is None or prev.kind != "code":
+        return f"{lesson}, cell {cell.number}: an Output: block that follows no code cell"
+    if prev.number in printed and not printed[prev.number]:
+        return f"{lesson}, cell {cell.number}: an Output: block after a cell that printed nothing"
+    return None
+
+
 def check_outputs(lesson: str, cells: list[Cell], printed: dict[int, str]) -> list[str]:
     """Compare what each code cell printed with the block documented right after it.
 
@@ -123,11 +134,8 @@ def check_outputs(lesson: str, cells: list[Cell], printed: dict[int, str]) -> li
         prev = cells[i - 1] if i > 0 else None
         nxt = cells[i + 1] if i + 1 < len(cells) else None
         if cell.kind == "markdown":
-            ran = prev is not None and prev.kind == "code" and prev.number in printed
-            if documented_block(cell.source) is not None and ran and not printed[prev.number]:
-                problems.append(f"{lesson}, cell {cell.number}: an Output: block after a cell that printed nothing")
-            elif documented_block(cell.source) is not None and not (prev and prev.kind == "code"):
-                problems.append(f"{lesson}, cell {cell.number}: an Output: block that follows no code cell")
+            if why := misplaced_block(lesson, cell, prev, printed):
+                problems.append(why)
             continue
         actual = [line.rstrip() for line in printed.get(cell.number, "").splitlines()]
         block = documented_block(nxt.source) if nxt and nxt.kind == "markdown" else None

@@ -131,3 +131,9 @@ def test_notebooks_are_deterministic_and_staleness_is_detected(tmp_path):
     assert notebooks.stale([script]) == []
     script.write_text(LESSON.replace("quiet = 1", "quiet = 2"))
     assert notebooks.stale([script]) == [notebooks.notebook_path(script)]
+
+
+def test_a_block_after_prose_is_an_error(tmp_path):
+    text = LESSON.replace("# # A synthetic lesson\n", "# # A synthetic lesson\n\n# %% [markdown]\n# Output:\n# ```text\n# x\n# ```\n")
+    (found,) = problems(tmp_path, text)
+    assert "cell 2: an Output: block that follows no code cell" in found
