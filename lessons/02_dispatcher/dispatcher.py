@@ -1,0 +1,536 @@
+# %% [markdown]
+# # 02 · Operators and the dispatcher: one Python call, many layers
+#
+# `torch.mm(x, w)` looks like one function call. Underneath, it names an *operator* of
+# ATen, PyTorch's C++ tensor library, with a typed *schema*; the *dispatcher* then looks at
+# the tensors' *dispatch keys* and passes the call down a stack of layers (autograd, then
+# the CPU kernel) until one of them computes. This lesson opens that path up and watches
+# it work.
+#
+# **What you will learn**
+#
+# - what an operator schema says, including the alias annotations `Tensor(a!)` and
+#   `Tensor(a)` that mark in-place and view ops;
+# - how different Python spellings (`torch.mm`, `@`, `F.linear`) reach ATen overloads;
+# - what dispatch keys a tensor carries, and what `requires_grad`, `torch.no_grad()` and
+#   `torch.inference_mode()` change;
+# - how a `TorchDispatchMode` sees every ATen op a function runs, forward and backward;
+# - how the `meta` device computes shapes and dtypes with no memory at all;
+# - why a custom op whose fake (meta) implementation lies about strides breaks later, under
+#   `torch.compile`, and how `torch.library.opcheck` catches it early.
+#
+# **Prerequisites:** lesson 01 (sizes, strides, views, `reshape` vs `view`).
+#
+# **How to run:** `python lessons/02_dispatcher/dispatcher.py` or `make lesson N=02` from the
+# repository root, or open `dispatcher.ipynb`. Everything runs on the CPU in a few seconds.
+# Each printing cell is followed by an *Output* block: what it printed with the pinned
+# PyTorch (2.13.0), checked by `make test`.
+#
+# Some tools used here are private, marked by an underscore: `torch._C._dispatch_keys` and
+# an op's `._schema` (they may change without notice), and the module
+# `torch.utils._python_dispatch` of `TorchDispatchMode` (documented all the same, in the
+# *Extending PyTorch* notes, and the simplest way to watch ATen calls from Python). Their
+# outputs are pinned by this lesson's tests, so a change in a new PyTorch shows up there.
+
+# %%
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # one thread: reproducible results
+DEVICE = torch.device(os.environ.get("COURSE_DEVICE", "cpu"))
+
+
+def first_sentence(err):
+    """The first sentence of an error message: stable, and short enough to print."""
+    return str(err).split(". ")[0]
+
+
+def shapes(args):
+    """The shapes of the tensors among args, as text: '(4, 8) (8, 3)'."""
+    return " ".join(str(tuple(a.shape)) for a in args if isinstance(a, torch.Tensor))
+
+
+class OpLog(TorchDispatchMode):
+    """Records each ATen call that reaches the mode (below autograd): (op, in, out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []  # (op overload, input shapes, output shapes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))  # the mode is off in here: no recursion
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        self.calls.append((func, shapes(args), shapes(outs)))
+        return out
+
+    def names(self):
+        return [str(func) for func, _, _ in self.calls]
+
+
+def print_calls(calls, label=""):
+    for func, ins, outs in calls:
+        print(f"{label}{str(func):<40} {ins:<22} -> {outs}")
+
+
+# %% [markdown]
+# ## 1. Every call names an operator with a schema
+#
+# ATen declares each operator once, in a schema: a typed signature written in a small
+# language of its own. Python reaches the operators through `torch.ops.aten.<name>`; each
+# has one or more *overloads* (`default`, `Tensor`, `Scalar`, `out`, ...), and each overload
+# has its own schema.
+#
+# **Predict.** `mm` multiplies two matrices, `add_` adds in place, `transpose` returns a
+# view. The schema has to tell a compiler which outputs alias which inputs and which inputs
+# get written. How would you write that down?
+
+# %%
+ops = {
+    "mm": torch.ops.aten.mm.default,
+    "add_": torch.ops.aten.add_.Tensor,
+    "transpose": torch.ops.aten.transpose.int,
+    "add (out=)": torch.ops.aten.add.out,
+}
+for name, op in ops.items():
+    print(f"{name:<11} {op._schema}")
+print(f"aten.add overloads: {len(torch.ops.aten.add.overloads())}, e.g. "
+      f"{sorted(torch.ops.aten.add.overloads())[:4]}")
+
+# %% [markdown]
+# Output:
+# ```text
+# mm          aten::mm(Tensor self, Tensor mat2) -> Tensor
+# add_        aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)
+# transpose   aten::transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)
+# add (out=)  aten::add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)
+# aten.add overloads: 16, e.g. ['Scalar', 'Scalar_out', 'Tensor', 'complex']
+# ```
+#
+# The name is `namespace::op.overload`. A bare `Tensor` is a fresh value: `mm` reads its
+# inputs and returns a new tensor that aliases nothing. `Tensor(a)` on an input and on the
+# output says "the output shares memory with this input": `transpose` returns a view (lesson
+# 01). `Tensor(a!)` adds a `!`: this input is *written*, and the output is that same memory:
+# `add_` mutates `self` and returns it, and the `out=` variant writes into `out`. Everything
+# after `*` is keyword-only. These annotations are how autograd, functionalization and
+# `torch.compile` know, without reading any kernel, what an op may alias or mutate.
+
+# %% [markdown]
+# ## 2. Watching the calls: a dispatch mode
+#
+# A `TorchDispatchMode` is a Python object the dispatcher calls for every ATen op once the
+# layers above it (autograd among them) have done their part: it sees the operator overload
+# and its arguments, and must run the op itself (`func(*args, **kwargs)`). `OpLog`, defined
+# at the top, records each call with its input and output shapes.
+#
+# **Predict.** `torch.mm(x, w)`, `x @ w` and `torch.matmul(x, w)` give the same numbers.
+# Do they run the same ATen op? And `F.linear(x, w.t())`, which computes `x @ w` too?
+
+# %%
+x = torch.randn(2, 3, device=DEVICE)  # (2, 3)
+w = torch.randn(3, 4, device=DEVICE)  # (3, 4)
+spellings = {
+    "torch.mm(x, w)": lambda: torch.mm(x, w),
+    "x @ w": lambda: x @ w,
+    "torch.matmul(x, w)": lambda: torch.matmul(x, w),
+    "F.linear(x, w.t())": lambda: F.linear(x, w.t()),
+}
+for name, fn in spellings.items():
+    with OpLog() as log:
+        fn()
+    print(f"{name:<19} -> {', '.join(log.names())}")
+
+# %% [markdown]
+# Output:
+# ```text
+# torch.mm(x, w)      -> aten.mm.default
+# x @ w               -> aten.mm.default
+# torch.matmul(x, w)  -> aten.mm.default
+# F.linear(x, w.t())  -> aten.t.default, aten.t.default, aten.mm.default
+# ```
+#
+# `x @ w` calls `Tensor.__matmul__`, which is `aten::matmul`. But `matmul` never reaches the
+# mode: it is a *composite* op, written in C++ in terms of other ATen ops, and it decides
+# from the shapes (2-D @ 2-D) to call `aten::mm`. So three spellings end in the same
+# overload, `aten.mm.default`. `F.linear` is composite too: with no bias it transposes its
+# weight (our `w.t()` is transposed back, two `t` views, no copy) and calls `mm`. A mode
+# sees what really runs, after composites have decomposed; what Python code you wrote is
+# invisible to it.
+
+# %% [markdown]
+# ## 3. Dispatch keys: which layers a call goes through
+#
+# Every tensor carries a *dispatch key set*. The dispatcher combines the keys of all the
+# arguments with per-thread settings, then calls the kernel of the highest-priority key;
+# that layer does its part and re-dispatches to the next key, down to the backend (`CPU`).
+# `torch._C._dispatch_keys` (private) shows the set.
+#
+# **Predict.** Does a tensor with `requires_grad=True` carry different keys from a plain
+# one? What do `torch.no_grad()` and `torch.inference_mode()` change?
+
+# %%
+plain = torch.ones(3)  # (3,)
+leaf = torch.ones(3, requires_grad=True)  # (3,)
+with torch.no_grad():
+    nograd = leaf * 2  # (3,)
+with torch.inference_mode():
+    infer = leaf * 2  # (3,)
+for name, t in [("plain", plain), ("requires_grad", leaf), ("leaf * 2", leaf * 2),
+                ("no_grad result", nograd), ("inference result", infer)]:
+    keys = str(torch._C._dispatch_keys(t)).removeprefix("DispatchKeySet")
+    print(f"{name:<16} {keys:<48} requires_grad {t.requires_grad!s:<5} "
+          f"grad_fn {type(t.grad_fn).__name__ if t.grad_fn else None}")
+
+# %% [markdown]
+# Output:
+# ```text
+# plain            (CPU, ADInplaceOrView, AutogradCPU, AutocastCPU) requires_grad False grad_fn None
+# requires_grad    (CPU, ADInplaceOrView, AutogradCPU, AutocastCPU) requires_grad True  grad_fn None
+# leaf * 2         (CPU, ADInplaceOrView, AutogradCPU, AutocastCPU) requires_grad True  grad_fn MulBackward0
+# no_grad result   (CPU, ADInplaceOrView, AutogradCPU, AutocastCPU) requires_grad False grad_fn None
+# inference result (CPU, AutocastCPU)                               requires_grad False grad_fn None
+# ```
+#
+# On 2.13.0 `requires_grad` does **not** change the keys: every ordinary CPU tensor carries
+# `AutogradCPU`, so every call on it passes through the autograd layer. That layer looks at
+# the `requires_grad` flags (stored on the tensor, not in its keys) and records a node
+# (`MulBackward0`) only when an input needs a gradient. `AutocastCPU` is there too, and does
+# nothing unless autocast is on (lesson 05); `ADInplaceOrView` is the layer that bumps
+# version counters on in-place ops and records which tensor a view came from.
+#
+# `no_grad` changes nothing on the tensors: it sets a per-thread flag, the autograd layer
+# still runs and simply records nothing. `inference_mode` goes further: inside it the
+# dispatcher *skips* the `Autograd` and `ADInplaceOrView` layers for every call, and the
+# tensors it creates are *inference tensors*, marked for good with neither key. Less work
+# per call, which can make it a little faster; and rules for its results.
+#
+# **Predict.** Lesson 01 said autograd tracks in-place writes with a *version counter*. What
+# is `plain._version` after two in-place writes? And for the inference tensor?
+
+# %%
+plain.add_(1)
+plain[0] = 5  # an indexed assignment is in place too: select, then copy_
+print(f"plain: version {plain._version}, is_inference {plain.is_inference()}")
+print(f"inference: is_inference {infer.is_inference()}")
+for what, fn in [("infer._version", lambda: infer._version),
+                 ("infer.add_(1)", lambda: infer.add_(1)),
+                 ("(infer * leaf).sum().backward()", lambda: (infer * leaf).sum().backward())]:
+    try:
+        fn()
+    except RuntimeError as err:
+        print(f"{what}: {first_sentence(err)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# plain: version 2, is_inference False
+# inference: is_inference True
+# infer._version: Inference tensors do not track version counter.
+# infer.add_(1): Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone to get a normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 for more details.
+# (infer * leaf).sum().backward(): Inference tensors cannot be saved for backward
+# ```
+#
+# Each in-place op bumps an ordinary tensor's version; autograd compares versions to detect
+# a saved tensor that was overwritten (lesson 03). Inference tensors have no counter at
+# all, so PyTorch refuses every use that would need one: reading `_version`, writing in
+# place outside inference mode, saving them for a backward pass (the message is PyTorch's,
+# missing spaces included). Use `inference_mode` for pure evaluation, `no_grad` when the
+# results may later meet autograd.
+
+# %% [markdown]
+# ## 4. What a training step really runs, forward and backward
+#
+# **Predict.** A classifier's step: `F.linear(x, w, b)` then `F.cross_entropy(logits,
+# target)`, then `loss.backward()`. How many ATen ops run forward? Is there a softmax op?
+# And which ops does autograd schedule for the backward pass?
+
+# %%
+xs = torch.randn(4, 8, device=DEVICE)  # (N, D) inputs
+target = torch.tensor([0, 2, 1, 0], device=DEVICE)  # (N,) class indices
+weight = torch.randn(3, 8, device=DEVICE, requires_grad=True)  # (C, D)
+bias = torch.zeros(3, device=DEVICE, requires_grad=True)  # (C,)
+with OpLog() as step_log:
+    loss = F.cross_entropy(F.linear(xs, weight, bias), target)  # scalar
+    n_forward = len(step_log.calls)
+    loss.backward()
+forward_calls, backward_calls = step_log.calls[:n_forward], step_log.calls[n_forward:]
+print(f"forward: {len(forward_calls)} ops")
+print_calls(forward_calls, "  ")
+print(f"backward: {len(backward_calls)} ops")
+print_calls(backward_calls, "  ")
+
+# %% [markdown]
+# Output:
+# ```text
+# forward: 5 ops
+#   aten.t.default                           (3, 8)                 -> (8, 3)
+#   aten.addmm.default                       (3,) (4, 8) (8, 3)     -> (4, 3)
+#   aten._log_softmax.default                (4, 3)                 -> (4, 3)
+#   aten.detach.default                      (4, 3)                 -> (4, 3)
+#   aten.nll_loss_forward.default            (4, 3) (4,)            -> () ()
+# backward: 12 ops
+#   aten.ones_like.default                   ()                     -> ()
+#   aten.nll_loss_backward.default           () (4, 3) (4,) ()      -> (4, 3)
+#   aten.detach.default                      (4, 3)                 -> (4, 3)
+#   aten._log_softmax_backward_data.default  (4, 3) (4, 3)          -> (4, 3)
+#   aten.t.default                           (4, 3)                 -> (3, 4)
+#   aten.mm.default                          (3, 4) (4, 8)          -> (3, 8)
+#   aten.t.default                           (3, 8)                 -> (8, 3)
+#   aten.sum.dim_IntList                     (4, 3)                 -> (1, 3)
+#   aten.view.default                        (1, 3)                 -> (3,)
+#   aten.detach.default                      (3,)                   -> (3,)
+#   aten.t.default                           (8, 3)                 -> (3, 8)
+#   aten.detach.default                      (3, 8)                 -> (3, 8)
+# ```
+#
+# Forward: `F.linear` with a bias is `t` + `addmm` (bias + x @ wᵀ, one fused call).
+# `cross_entropy` is no kernel of its own: it is `_log_softmax` then `nll_loss_forward`
+# (which also returns the total weight, the second `()`). The softmax is there, in its
+# numerically safer log form. The `detach` after `_log_softmax` is autograd's bookkeeping,
+# not math: the backward of `log_softmax` needs the op's own output, and autograd saves a
+# detached alias of it (saving an *input* costs no call: `mm` saves its inputs silently).
+#
+# Backward runs the chain rule in reverse, one ATen call per step: `ones_like` is the seed
+# dLoss/dLoss = 1; `nll_loss_backward` and `_log_softmax_backward_data` give dLoss/dlogits
+# (4, 3); `addmm`'s backward turns that into the gradient of its (8, 3) operand wᵀ (`t`,
+# `mm`, `t`: gradᵀ @ x, then transposed) and the bias's (`sum` over the batch, then `view`
+# to (3,)); the later `t`, (8, 3) -> (3, 8), is the backward of the forward's `t` and gives
+# the gradient in the shape of `weight`. The first backward `detach` unpacks the saved
+# `log_softmax` output for its backward formula; the last two belong to `AccumulateGrad`,
+# which stores each parameter's gradient in `.grad`. Nothing here is Python-level autograd:
+# every line is a C++ kernel the dispatcher chose, in an order fixed by the graph, the same
+# on every run.
+
+# %% [markdown]
+# ## 5. Meta tensors: shapes without data
+#
+# The `meta` device has kernels that compute only the output's metadata: shape, dtype,
+# strides. No memory is allocated and no arithmetic is done.
+#
+# **Predict.** What happens when you ask for 10⁹ float32 elements on `meta`? How many bytes
+# would they take on the CPU, and what can you read from them?
+
+# %%
+big = torch.empty(10**9, device="meta")  # (1e9,) float32, nothing allocated
+print(f"shape {tuple(big.shape)}  dtype {big.dtype}  device {big.device}")
+print(f"would take {big.numel() * big.element_size():,} bytes "
+      f"({big.numel() * big.element_size() / 2**30:.2f} GiB); data pointer {big.data_ptr()}")
+total = big.sum()  # runs the meta kernel of aten::sum: a shape, no value
+print(f"big.sum(): shape {tuple(total.shape)}  device {total.device}")
+try:
+    total.item()
+except RuntimeError as err:
+    print(f"item(): {first_sentence(err)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# shape (1000000000,)  dtype torch.float32  device meta
+# would take 4,000,000,000 bytes (3.73 GiB); data pointer 0
+# big.sum(): shape ()  device meta
+# item(): Tensor.item() cannot be called on meta tensors
+# ```
+#
+# The tensor has every piece of metadata and a null data pointer. Ops on it run their
+# *meta kernels*, which apply the op's shape and dtype rules; asking for a value fails.
+#
+# **Predict.** Build a 134-million-parameter MLP on `meta` and push a (64, 4096) batch
+# through it. Which ATen ops run, and what is the output's shape?
+
+# %%
+with torch.device("meta"):  # every parameter is created on meta
+    mlp = nn.Sequential(nn.Linear(4096, 16384), nn.GELU(), nn.Linear(16384, 4096))
+batch = torch.empty(64, 4096, device="meta")  # (B, D)
+with OpLog() as meta_log:
+    out = mlp(batch)  # (B, D)
+n_params = sum(p.numel() for p in mlp.parameters())
+n_bytes = sum(p.numel() * p.element_size() for p in mlp.parameters())
+print(f"parameters {n_params:,}, would take {n_bytes:,} bytes; "
+      f"all on meta: {all(p.is_meta for p in mlp.parameters())}")
+print_calls(meta_log.calls)
+print(f"output shape {tuple(out.shape)}  device {out.device}  "
+      f"would take {out.numel() * out.element_size():,} bytes")
+
+# %% [markdown]
+# Output:
+# ```text
+# parameters 134,238,208, would take 536,952,832 bytes; all on meta: True
+# aten.t.default                           (16384, 4096)          -> (4096, 16384)
+# aten.addmm.default                       (16384,) (64, 4096) (4096, 16384) -> (64, 16384)
+# aten.gelu.default                        (64, 16384)            -> (64, 16384)
+# aten.t.default                           (4096, 16384)          -> (16384, 4096)
+# aten.addmm.default                       (4096,) (64, 16384) (16384, 4096) -> (64, 4096)
+# output shape (64, 4096)  device meta  would take 1,048,576 bytes
+# ```
+#
+# The same ATen ops as on the CPU, answered by meta kernels: half a gigabyte of parameters
+# and a forward pass, with no memory and no arithmetic. This is how large models are built
+# before they are sharded (create on `meta`, then `to_empty(device=...)` and initialise only
+# the shard a process keeps, lesson 11). `torch.compile` relies on the same idea: it traces
+# with *fake tensors* (meta tensors that also remember a device) to learn every shape and
+# stride of a program without running it.
+
+# %% [markdown]
+# ## 6. A custom op's stride contract
+#
+# `torch.library.custom_op` adds your own operator to the dispatcher, under your own
+# namespace (here `course02::`). A compiler cannot run the real kernel while tracing, so an
+# op also needs a *fake* implementation: a function that returns an empty tensor with the
+# shape, dtype **and strides** the real kernel will return. Nothing checks that promise when
+# you register it.
+#
+# Our op doubles a matrix, and (as some hand-written kernels do) writes its result in
+# column-major order. `define_double` registers it with an honest fake, or with a careless
+# one that returns `empty_like(x)`: right shape and dtype, wrong strides. A second call of
+# `custom_op` with the same name replaces the op, so re-running this cell is harmless.
+
+
+# %%
+def define_double(name, honest):
+    """Register course02::<name>: 2 * x, returned column-major; honest or careless fake."""
+
+    @torch.library.custom_op(f"course02::{name}", mutates_args=())
+    def double(x: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty(x.shape[::-1]).t()  # (M, N), strides (1, M): column-major
+        return out.copy_(x * 2)
+
+    @double.register_fake
+    def _(x):
+        if honest:
+            return x.new_empty(x.shape[::-1]).t()  # the same layout as the real kernel
+        return torch.empty_like(x)  # row-major: right shape, wrong strides
+
+    return double
+
+
+double_bad = define_double("double_bad", honest=False)
+double_good = define_double("double_good", honest=True)
+
+
+def flat_bad(x):
+    return double_bad(x).reshape(-1)  # (M*N,)
+
+
+def flat_good(x):
+    return double_good(x).reshape(-1)  # (M*N,)
+
+
+# %% [markdown]
+# **Predict.** `flat_bad` reshapes the op's output to 1-D. Run eagerly, does it work? A
+# tracer (`make_fx` with fake tensors, what `torch.compile` does underneath) records the
+# ATen ops instead of running them: which op will it record for `reshape`?
+
+# %%
+a = torch.randn(3, 4, device=DEVICE)  # (M, N)
+print(f"real output strides {double_bad(a).stride()}")
+with OpLog() as eager_log:
+    eager = flat_bad(a)
+print(f"eager: {', '.join(eager_log.names())}")
+traced = make_fx(flat_bad, tracing_mode="fake")(a)  # runs the fake implementation
+nodes = [n for n in traced.graph.nodes if n.op == "call_function"]
+print(f"fake output strides {nodes[0].meta['val'].stride()}")
+print(f"traced: {', '.join(str(n.target) for n in nodes)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# real output strides (1, 3)
+# eager: course02.double_bad.default, aten.clone.default, aten._unsafe_view.default
+# fake output strides (4, 1)
+# traced: course02.double_bad.default, aten.view.default
+# ```
+#
+# `reshape` is composite (section 2): it decides from the strides. Eagerly, the real output
+# is column-major, so it copies (`clone`) and then views the copy. While tracing, the fake
+# output claims to be row-major, so `reshape` becomes a plain `view`, and that is what the
+# graph records. The graph is now wrong for the real kernel, and nothing has failed yet.
+#
+# **Predict.** Compile both functions with `torch.compile(backend="aot_eager")` (trace to
+# ATen with fake tensors, then run the graph's ops eagerly: no code generation, so it is
+# quick). What happens on the first call?
+
+# %%
+for fn in (flat_bad, flat_good):
+    try:
+        same = torch.equal(torch.compile(fn, backend="aot_eager")(a), fn(a))
+        print(f"{fn.__name__}: compiled result equals eager: {same}")
+    except RuntimeError as err:
+        print(f"{fn.__name__}: compiled call failed: {first_sentence(err)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# flat_bad: compiled call failed: view size is not compatible with input tensor's size and stride (at least one dimension spans across two contiguous subspaces)
+# flat_good: compiled result equals eager: True
+# ```
+#
+# The eager function works, the compiled one fails, and the error points at a `view` that
+# does not appear in our code, with advice to use `.reshape(...)`, which is what we wrote.
+# The traced graph ran for real: the real, column-major output reached the `view` that the
+# fake output had justified. The op itself is correct; its *promise* was wrong. With the
+# honest fake, the trace records the copy and the compiled function agrees with eager.
+# Here the lie surfaced as an error; a compiler that generates code from the fake strides
+# can as well compute with them, and then the result is wrong with no error at all.
+
+# %% [markdown]
+# **Predict.** Can the bug be caught where it is made, right after registering the op?
+# `torch.library.opcheck` runs an op on sample inputs and compares the real and the fake
+# outputs, among other tests.
+
+# %%
+for name, op in [("double_bad", double_bad), ("double_good", double_good)]:
+    try:
+        result = torch.library.opcheck(op, (a,))  # {test name: "SUCCESS"}
+        print(f"{name}: {', '.join(f'{k} {v}' for k, v in result.items())}")
+    except Exception as err:  # noqa: BLE001 - OpCheckError lives in a private module
+        head, _, tail = str(err).partition(" with ")
+        print(f"{name}: {type(err).__name__}: {head}")
+        print(f"  {tail[tail.index('Stride mismatch'):].removesuffix(' (scroll up for stack trace)')}")
+
+# %% [markdown]
+# Output:
+# ```text
+# double_bad: OpCheckError: opcheck(op, ...): test_faketensor failed
+#   Stride mismatch! Strides are (1, 3) and (4, 1) (mismatched at 0)!
+# double_good: test_schema SUCCESS, test_autograd_registration SUCCESS, test_faketensor SUCCESS, test_aot_dispatch_dynamic SUCCESS
+# ```
+#
+# `opcheck` ran the op on real tensors and on fake copies of them and compared the outputs'
+# metadata: strides (1, 3) from the real kernel, (4, 1) from the fake. The honest op passes
+# all four tests: the schema's aliasing claims hold, autograd is registered correctly, the
+# fake matches the real kernel, and the op traces through the compile stack with dynamic
+# shapes. The test that failed names the bug and the op, at the op: call `opcheck` in a
+# custom op's unit tests, on inputs of several shapes and layouts.
+
+# %% [markdown]
+# ## Summary
+#
+# - Every `torch` call ends in ATen operator overloads (`aten::mm`, `aten::add_.Tensor`);
+#   schemas declare their types, and `Tensor(a)` / `Tensor(a!)` declare aliasing and
+#   mutation, which is what autograd and compilers rely on.
+# - Composite ops (`matmul`, `linear`, `reshape`, `cross_entropy`) decompose into other ATen
+#   ops before a dispatch mode sees anything; `torch.mm(x, w)` and `x @ w` end in the same
+#   `aten.mm.default`.
+# - Dispatch keys choose the layers: an ordinary CPU tensor carries `AutogradCPU` whether
+#   or not it requires grad; `no_grad` sets a flag, `inference_mode` skips the autograd
+#   layers and makes inference tensors, which have no version counter.
+# - A `TorchDispatchMode` sees each ATen call, forward and backward: the exact program
+#   autograd builds, reproducible line for line.
+# - `meta` tensors propagate shapes and dtypes through whole models with no memory.
+# - A custom op's fake implementation is a contract on shape, dtype *and strides*; break it
+#   and eager code works while compiled code fails far from the op. Run
+#   `torch.library.opcheck` on every custom op.
+#
+# ## Exercises
+#
+# Open `exercises.py` in this folder and implement `count_aten_ops(fn, *args)`: run
+# `fn(*args)` under a dispatch mode of your own and return how many times each ATen
+# overload ran, as `{"aten.mm.default": 1, ...}`. Check it with `make exercises N=02`: the
+# tests compare it with a reference mode on functions chosen to catch the usual slips
+# (overloads, repeated ops, factory functions, ops from other namespaces). `solutions.py`
+# has one way to write it.
