@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -105,6 +106,7 @@ def import_file(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader, f"cannot import {path}"
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # inspect.getsource needs it to find classes' source
     spec.loader.exec_module(module)
     return module
 

@@ -1,0 +1,656 @@
+# %% [markdown]
+# # 05 · Precision: bits, ranges and mixed-precision training
+#
+# A float is a sign, an exponent and a mantissa. How a format splits its bits between the
+# last two decides which numbers it can hold at all (its range) and how finely it can tell
+# them apart (its precision). Mixed-precision training runs the heavy matrix products in a
+# 16-bit format and keeps everything that accumulates in float32; this lesson shows why,
+# with numbers you can check, and then measures what such a training step keeps in memory.
+#
+# **What you will learn**
+#
+# - the range and the precision of float32, float16 and bfloat16, read from `torch.finfo`;
+# - what happens to a value outside a format's range or between two of its numbers;
+# - why weights and optimizer state stay in float32 while the matmuls run in 16 bits;
+# - how loss scaling keeps small float16 gradients alive, and the skip/halve/double rule of
+#   `torch.amp.GradScaler`;
+# - which ops CPU autocast runs in bfloat16, and where it differs from CUDA autocast;
+# - the bytes per parameter a mixed-precision AdamW step keeps, measured;
+# - that `torch.optim.AdamW` is a few lines of NumPy, matched to a few 1e-16.
+#
+# **Prerequisites:** lessons 01–04 (tensors, autograd, modules, a training loop), and the
+# idea of a gradient step.
+#
+# **How to run:** `python lessons/05_precision/precision.py` or `make lesson N=05` from the
+# repository root, or open `precision.ipynb`. Everything runs on the CPU in a few seconds.
+# This CPU (AVX2) has no fast bfloat16 or float16 matrix multiply, so every low-precision
+# matmul here is tiny on purpose. Each printing cell is followed by an *Output* block: what
+# it printed with the pinned PyTorch (2.13.0), checked by `make test`.
+
+# %%
+import csv
+import math
+import os
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # one thread: reproducible results
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+DEVICE = torch.device(os.environ.get("COURSE_DEVICE", "cpu"))
+FORMATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def stored(value, dtype):
+    """The number `dtype` actually keeps for `value` (rounded to it, read back as a float)."""
+    return torch.tensor(value, dtype=torch.float32, device=DEVICE).to(dtype).item()
+
+
+def fmt(values, spec=".3g"):
+    return "[" + ", ".join(f"{v:{spec}}" for v in values) + "]"
+
+
+# %% [markdown]
+# ## 1. Three formats, one table
+#
+# `torch.finfo(dtype)` describes a float format: its total bits, its largest value (`max`),
+# its smallest *normal* value (`tiny`) and `eps`, the gap between 1.0 and the next number.
+# The mantissa stores `m` bits after the leading 1, so `eps = 2**-m`, and the exponent gets
+# the bits that are left after the sign.
+#
+# **Predict.** float16 and bfloat16 both have 16 bits. Which of the two reaches larger
+# numbers? Which one has the finer step at 1.0?
+
+
+# %%
+def format_row(dtype):
+    """(exponent bits, mantissa bits, largest, smallest normal, smallest subnormal, step at 1)."""
+    f = torch.finfo(dtype)
+    mantissa = round(-math.log2(f.eps))  # eps = 2**-mantissa
+    exponent = f.bits - 1 - mantissa  # what the sign and the mantissa leave
+    # Below `tiny` the exponent is stuck at its minimum and the leading 1 is gone: the
+    # mantissa's last bit is then worth tiny * eps, the smallest positive number.
+    return exponent, mantissa, f.max, f.tiny, f.tiny * f.eps, f.eps
+
+
+print(f"{'':9} {'exponent':>8} {'mantissa':>8} {'largest':>9} {'smallest normal':>15} "
+      f"{'smallest subnormal':>18} {'step at 1.0':>11}")
+for name, dtype in FORMATS.items():
+    e, m, big, tiny, sub, eps = format_row(dtype)
+    print(f"{name:9} {e:8d} {m:8d} {big:9.3g} {tiny:15.3g} {sub:18.3g} {eps:11.3g}")
+
+# %% [markdown]
+# Output:
+# ```text
+#           exponent mantissa   largest smallest normal smallest subnormal step at 1.0
+# float32          8       23   3.4e+38        1.18e-38            1.4e-45    1.19e-07
+# float16          5       10  6.55e+04         6.1e-05           5.96e-08    0.000977
+# bfloat16         8        7  3.39e+38        1.18e-38           9.18e-41     0.00781
+# ```
+#
+# bfloat16 is float32 with the mantissa cut from 23 bits to 7: the same 8 exponent bits,
+# so the same range (up to 3.4e38), but a step of 1/128 at 1.0. float16 spends 3 more
+# bits on the mantissa (a step of 1/1024) and pays with a 5-bit exponent: nothing above
+# 65,504, nothing normal below 6.1e-5. Below the smallest normal number a format keeps
+# going with *subnormals*, which lose one bit of precision per halving, down to
+# `tiny * eps`. The test of this lesson checks that this last value really is stored
+# (and that half of it is not).
+#
+# **Predict.** Store 1e-8, 70,000 and 1.001 in each 16-bit format. Which ones survive, and
+# what comes back?
+
+# %%
+for v in (1e-8, 70_000.0, 1.001):
+    f16, bf16 = stored(v, torch.float16), stored(v, torch.bfloat16)
+    print(f"{v:>8g} stored as float16 {f16:<10.6g} bfloat16 {bf16:.6g}")
+
+# %% [markdown]
+# Output:
+# ```text
+#    1e-08 stored as float16 0          bfloat16 1.00117e-08
+#    70000 stored as float16 inf        bfloat16 70144
+#    1.001 stored as float16 1.00098    bfloat16 1
+# ```
+#
+# - 1e-8 is below float16's smallest subnormal (6e-8): it *underflows* to 0. bfloat16 has
+#   float32's exponent range and keeps it, rounded to its 8 significant bits: 1.00117e-8,
+#   0.12% off.
+# - 70,000 is above float16's largest value: it *overflows* to inf. In bfloat16 the
+#   numbers between 65,536 and 131,072 are 512 apart (2**16 times the step at 1.0), and
+#   70,144 is the nearest.
+# - 1.001 sits between two numbers of each format. float16's nearest is 1 + 1/1024 =
+#   1.00098; bfloat16's neighbours are 1 and 1.0078, and 1 is nearer.
+#
+# Range is where a format stops; precision is the gap between its numbers. float16 has the
+# better precision, bfloat16 the (much) better range.
+
+# %% [markdown]
+# ## 2. Why the weights stay in float32
+#
+# An optimizer adds a small update to every weight, thousands of times.
+#
+# **Predict.** Start at 1 and add 1e-4 ten thousand times. What do you get in float32?
+# In bfloat16? (Hint: compare 1e-4 with half of bfloat16's step at 1.0.)
+
+# %%
+sums = {}
+for name in ("float32", "bfloat16"):
+    total = torch.tensor(1.0, dtype=FORMATS[name])
+    step = torch.tensor(1e-4, dtype=FORMATS[name])
+    for _ in range(10_000):
+        total = total + step  # each sum is rounded to the format
+    sums[name] = total.item()
+    print(f"1 + 10,000 x 1e-4 in {name:8} = {sums[name]:.4f} (exact: 2.0000)")
+
+# %% [markdown]
+# Output:
+# ```text
+# 1 + 10,000 x 1e-4 in float32  = 2.0002 (exact: 2.0000)
+# 1 + 10,000 x 1e-4 in bfloat16 = 1.0000 (exact: 2.0000)
+# ```
+#
+# In bfloat16 the next number after 1 is 1.0078, so 1 + 1e-4 is rounded back to 1: every
+# one of the 10,000 additions is lost, not just a little of each. float32 drifts by 2e-4
+# (its step near 2 is 2.4e-7, and each addition rounds a bit), but it gets there. A typical
+# optimizer update is 1e-3 to 1e-5 of the weight it changes, below bfloat16's half-step of
+# 0.4%, so a model whose weights were stored in bfloat16 would mostly stop learning.
+# Mixed precision therefore keeps a float32 *master copy* of the weights, and the
+# optimizer's running averages in float32 too; only the products that read them run in 16
+# bits.
+
+# %% [markdown]
+# ## 3. Loss scaling: keeping small float16 gradients
+#
+# Gradients are often tiny. float16's range stops at 6e-8 (subnormal) at the small end.
+#
+# **Predict.** Store the gradients [1e-8, 2e-7, 1e-4] in float16. Which come back intact?
+# What if you multiply them by 1024 first, and divide by 1024 after reading them back?
+
+# %%
+g = torch.tensor([1e-8, 2e-7, 1e-4], device=DEVICE)  # (3,) float32
+plain = g.half().float()
+scaled = (g * 1024).half().float() / 1024  # scale, store in float16, unscale in float32
+print(f"gradients                 {fmt(g.tolist(), '.4g')}")
+print(f"stored in float16         {fmt(plain.tolist(), '.4g')}")
+print(f"x 1024, stored, / 1024    {fmt(scaled.tolist(), '.4g')}")
+
+# %% [markdown]
+# Output:
+# ```text
+# gradients                 [1e-08, 2e-07, 0.0001]
+# stored in float16         [0, 1.788e-07, 0.0001]
+# x 1024, stored, / 1024    [1.001e-08, 2e-07, 0.0001]
+# ```
+#
+# Stored directly, 1e-8 underflows to 0 and 2e-7 lands among the subnormals, which are
+# 6e-8 apart: 1.788e-7 is 11% off. Multiplied by 1024, 2e-7 becomes 2e-4, a normal
+# float16 number with all 11 bits of precision, and comes back exact to 4 digits. 1e-8
+# becomes 1e-5: still a subnormal, but now 170 steps of 6e-8 instead of a fraction of one,
+# so it comes back 0.1% off instead of lost. Dividing by 1024 (a power of two) adds no
+# error of its own. A larger scale would lift 1e-8 into the normal range too; that is
+# what the dynamic scaler below does, starting at 65,536. In training you scale the *loss*: by the
+# chain rule every gradient is then scaled by the same factor. The catch is the other end
+# of the range: scale too much and a large gradient overflows to inf.
+#
+# ### A dynamic loss scaler
+#
+# `torch.amp.GradScaler` picks the scale as it goes. It starts at 2**16; when any gradient
+# comes back inf or NaN it skips the optimizer step and halves the scale; after
+# `growth_interval` clean steps in a row (2000 by default) it doubles the scale. Here is
+# that rule, written out, next to the real `GradScaler` on the CPU. Each step's true
+# gradients are scaled and stored in float16, as an fp16 backward pass would produce them;
+# at steps 3 and 4 one gradient is 3.0, which overflows float16 (max 65,504) at a scale
+# of 65,536 or 32,768.
+#
+# **Predict.** With `growth_interval=3`, which steps are skipped, and what is the scale
+# at step 10?
+
+# %%
+GROWTH_INTERVAL = 3  # instead of 2000, so that growth shows within a few steps
+TRUE_GRADS = [torch.tensor([1e-8, 2e-7, 3.0 if step in (3, 4) else 1e-4]) for step in range(1, 11)]
+
+
+def fp16_scaled(grad, scale):
+    """What an fp16 backward pass hands over: the scaled gradient, rounded to float16."""
+    return (grad * scale).half().float()  # GradScaler unscales float32 gradients only
+
+
+def our_trace(true_grads, interval, scale=2.0**16):
+    """[(scale used, unscaled grads or None if skipped)] by the skip/halve/double rule."""
+    clean, trace = 0, []
+    for grad in true_grads:
+        scaled_grad = fp16_scaled(grad, scale)
+        if not torch.isfinite(scaled_grad).all():  # inf or NaN: skip the step
+            trace.append((scale, None))
+            scale, clean = scale * 0.5, 0
+            continue
+        trace.append((scale, scaled_grad / scale))
+        clean += 1
+        if clean == interval:
+            scale, clean = scale * 2.0, 0
+    return trace
+
+
+# %%
+class Recorder(torch.optim.Optimizer):
+    """An optimizer that only records the (unscaled) gradients it is asked to step with."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+        self.seen = []
+
+    def step(self, closure=None):
+        self.seen.append(self.param_groups[0]["params"][0].grad.clone())
+
+
+def torch_trace(true_grads, interval, scale=2.0**16):
+    """The same run driven through torch.amp.GradScaler on the CPU."""
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = Recorder([p])
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=interval)
+    trace = []
+    for grad in true_grads:
+        scaler.scale(torch.ones(()))  # a stand-in loss (the first call creates the scale tensor)
+        scale, n_seen = scaler.get_scale(), len(opt.seen)
+        p.grad = fp16_scaled(grad, scale)
+        scaler.step(opt)  # unscales, checks for inf/NaN, calls opt.step() only if clean
+        scaler.update()
+        trace.append((scale, opt.seen[-1] if len(opt.seen) > n_seen else None))
+    return trace
+
+
+def action(unscaled):
+    return "skip" if unscaled is None else "step"
+
+
+ours, theirs = our_trace(TRUE_GRADS, GROWTH_INTERVAL), torch_trace(TRUE_GRADS, GROWTH_INTERVAL)
+print("step  ours: scale   action  GradScaler: scale   action")
+for k, ((s1, g1), (s2, g2)) in enumerate(zip(ours, theirs), start=1):
+    print(f"{k:4d}  {s1:11.0f}   {action(g1):6}  {s2:17.0f}   {action(g2)}")
+same = all(s1 == s2 and action(g1) == action(g2) and (g1 is None or torch.equal(g1, g2))
+           for (s1, g1), (s2, g2) in zip(ours, theirs))
+print(f"same scales, decisions and unscaled gradients: {same}")
+print(f"smallest gradient after unscaling: {ours[-1][1][0].item():.3g}")
+
+# %% [markdown]
+# Output:
+# ```text
+# step  ours: scale   action  GradScaler: scale   action
+#    1        65536   step                65536   step
+#    2        65536   step                65536   step
+#    3        65536   skip                65536   skip
+#    4        32768   skip                32768   skip
+#    5        16384   step                16384   step
+#    6        16384   step                16384   step
+#    7        16384   step                16384   step
+#    8        32768   step                32768   step
+#    9        32768   step                32768   step
+#   10        32768   step                32768   step
+# same scales, decisions and unscaled gradients: True
+# smallest gradient after unscaling: 1e-08
+# ```
+#
+# Step 3: 3.0 × 65,536 overflows, so the step is skipped and the scale halves. Step 4: 3.0
+# × 32,768 = 98,304 still overflows: skipped again, halved to 16,384, where 3.0 fits. The
+# two clean steps before the overflow do not count towards growth: the clean-step counter
+# restarts at every overflow. Steps 5, 6, 7 are three clean steps in a row, so the scale
+# doubles *after* step 7 and step 8 runs at 32,768; step 10 completes the next run of
+# three, so step 11 would run at 65,536. A skipped step costs one batch; it does not
+# corrupt the weights, because the inf never reaches the optimizer. And the 1e-8 gradient,
+# lost in plain float16, comes out of every step intact.
+
+# %% [markdown]
+# ## 4. Autocast on the CPU: which ops run in bfloat16
+#
+# Inside `torch.autocast(device_type, dtype)`, each op is looked up in per-device lists:
+# ops that gain from low precision (matmul, linear, convolutions) cast their float32
+# inputs down, ops that need range or precision cast up to float32, and the rest run in
+# whatever dtype their inputs have.
+#
+# **Predict.** Under CPU autocast with bfloat16, what dtype comes out of a linear layer
+# fed float32? Of a softmax or a layer norm of that output? Of the cross-entropy loss?
+
+# %%
+x = torch.randn(8, 16)  # (B, D_in) float32, on the CPU: this section is CPU autocast
+w = torch.randn(4, 16)  # (C, D_in) float32
+labels = torch.randint(0, 4, (8,))  # (B,)
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    logits = F.linear(x, w)  # (B, C)
+    dtypes = {
+        "linear(x fp32)": logits.dtype,
+        "x @ w.T": (x @ w.T).dtype,
+        "relu(logits)": F.relu(logits).dtype,
+        "softmax(logits)": logits.softmax(-1).dtype,
+        "layer_norm(logits)": F.layer_norm(logits, (4,)).dtype,
+        "softmax(x fp32)": x.softmax(-1).dtype,
+        "cross_entropy(logits)": F.cross_entropy(logits, labels).dtype,
+    }
+for op, dtype in dtypes.items():
+    print(f"{op:22} -> {dtype}")
+
+# %% [markdown]
+# Output:
+# ```text
+# linear(x fp32)         -> torch.bfloat16
+# x @ w.T                -> torch.bfloat16
+# relu(logits)           -> torch.bfloat16
+# softmax(logits)        -> torch.bfloat16
+# layer_norm(logits)     -> torch.bfloat16
+# softmax(x fp32)        -> torch.float32
+# cross_entropy(logits)  -> torch.float32
+# ```
+#
+# The matmuls cast their float32 inputs to bfloat16. softmax and layer_norm do *not*
+# change dtype on the CPU: given bfloat16 logits they compute in bfloat16, given float32
+# they stay float32. That is the truth of this build, and it differs from CUDA autocast,
+# whose float32 list includes softmax, log_softmax and layer_norm: on a GPU the same two
+# calls return float32 (this lesson's CUDA test checks it, `make test-gpu`). The
+# cross-entropy loss is on the CPU's float32 list, so it comes out float32 in both.
+#
+# So do not rely on one device's lists: compute the loss on float32 logits yourself.
+#
+# **Predict.** Outside autocast, what does cross-entropy on the bfloat16 logits give,
+# compared with the same logits cast to float32 first?
+
+# %%
+loss_bf16 = F.cross_entropy(logits, labels)  # no autocast here: computed in bfloat16
+loss_fp32 = F.cross_entropy(logits.float(), labels)  # the same logits, cast up first
+print(f"loss on bf16 logits {loss_bf16.item():.4f} ({loss_bf16.dtype})")
+print(f"loss on fp32 logits {loss_fp32.item():.4f} ({loss_fp32.dtype})")
+
+# %% [markdown]
+# Output:
+# ```text
+# loss on bf16 logits 3.5625 (torch.bfloat16)
+# loss on fp32 logits 3.5418 (torch.float32)
+# ```
+#
+# Same logits, two answers 0.02 apart. The bfloat16 loss is a bfloat16 number (near 3.5
+# they are 1/64 = 0.016 apart), and the log-sum-exp behind it was computed in bfloat16
+# too, so it misses the float32 value by more than one of those steps. `logits.float()`
+# costs one small cast and makes the loss, and the start of the backward pass, float32 on
+# every device.
+
+# %% [markdown]
+# ## 5. What a training step keeps
+#
+# Take an MLP 1024 → 4096 → 1024 (8,393,728 parameters) trained with AdamW under CPU
+# bfloat16 autocast, the usual PyTorch recipe: float32 parameters, bfloat16 matmuls. We
+# run one step and count bytes: the parameters, their gradients, and the optimizer's real
+# state after the step. A `saved_tensors_hooks` pack hook sees every tensor autograd keeps
+# for the backward pass; we look among them for bfloat16 copies of the weights.
+#
+# **Predict.** How many bytes per parameter do the weights, the gradients and AdamW's
+# state take? Are the gradients float32 or bfloat16?
+
+
+# %%
+def nbytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def weight_copies(saved, model):
+    """[(name, tensor)]: saved tensors that are bfloat16 copies of a weight (or its transpose)."""
+    found = []
+    for name, p in model.named_parameters():
+        for t in saved:
+            for view in (t, t.T) if t.dim() == 2 else ():
+                if view.shape == p.shape and torch.equal(view, p.detach().to(torch.bfloat16)):
+                    found.append((name, t))
+    return found
+
+
+mlp = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024))
+opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
+batch = torch.randn(2, 1024)  # (B, 1024): a tiny batch, bf16 matmuls are slow on this CPU
+saved = []  # everything autograd keeps for backward
+with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mlp(batch)  # (B, 1024) bfloat16
+    loss = out.float().pow(2).mean()  # the loss on float32 outputs
+copies = weight_copies(saved, mlp)  # before the step changes the weights
+loss.backward()
+opt.step()
+print(f"saved for backward: {', '.join(f'{str(t.dtype)[6:]} {tuple(t.shape)}' for t in saved)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# saved for backward: bfloat16 (2, 1024), bfloat16 (2, 4096), bfloat16 (2, 4096), bfloat16 (4096, 1024), float32 (2, 1024)
+# ```
+#
+# Five tensors: the bfloat16 input of the first linear (its weight's gradient needs it),
+# the ReLU output twice (ReLU's backward and the second linear's weight gradient each save
+# it), a (4096, 1024) bfloat16 tensor, and the float32 output that `pow` needs. That big
+# one is the second layer's weight, cast to bfloat16 and saved transposed for the input
+# gradient. Now the bytes.
+
+# %%
+n = sum(p.numel() for p in mlp.parameters())
+state = list(opt.state.values())  # one dict per parameter: step, exp_avg, exp_avg_sq
+parts = {
+    "weights": list(mlp.parameters()),
+    "gradients": [p.grad for p in mlp.parameters()],
+    "AdamW m and v": [s[k] for s in state for k in ("exp_avg", "exp_avg_sq")],
+}
+for name, ts in parts.items():
+    print(f"{name:14} {nbytes(ts) / n:4.1f} bytes/param ({ts[0].dtype})")
+total = sum(nbytes(ts) for ts in parts.values())
+print(f"{'total':14} {total / n:4.1f} bytes/param = {total:,} bytes for {n:,} parameters")
+steps = [s["step"] for s in state]
+print(f"AdamW step counters: {len(steps)} tensors of shape {tuple(steps[0].shape)}, "
+      f"{nbytes(steps)} bytes")
+for name, t in copies:
+    size = nbytes([t])
+    print(f"bf16 copy of {name} saved for backward: {size:,} bytes = {size / n:.1f} bytes/param")
+
+# %% [markdown]
+# Output:
+# ```text
+# weights         4.0 bytes/param (torch.float32)
+# gradients       4.0 bytes/param (torch.float32)
+# AdamW m and v   8.0 bytes/param (torch.float32)
+# total          16.0 bytes/param = 134,299,648 bytes for 8,393,728 parameters
+# AdamW step counters: 4 tensors of shape (), 16 bytes
+# bf16 copy of 2.weight saved for backward: 8,388,608 bytes = 1.0 bytes/param
+# ```
+#
+# Between steps the model keeps 4 + 4 + 8 = 16 bytes per parameter, all float32: the
+# master weights, gradients that flow back through autocast's casts and land in the
+# parameters' own dtype, and AdamW's two running averages (plus one scalar step counter per
+# parameter tensor, which counts for nothing). Mixed precision did not make this smaller;
+# it made the matmuls cheaper (on hardware that has fast bfloat16).
+#
+# During the step there is more. Autocast casts each weight to bfloat16 the first time a
+# matmul uses it (and reuses that cast inside the autocast region). The second layer's
+# copy is saved for backward: 2 bytes for each of its 4,194,304 weights, about 1 byte per
+# parameter of the model. The first layer's copy is not saved, because its input `batch`
+# needs no gradient, and the weight is only needed to compute that one. In a deep network
+# every layer but the first has a requires-grad input, so the saved copies approach 2 bytes
+# per parameter, on top of the activations. And the split matters when gradients travel:
+# float32 gradients make a data-parallel all-reduce move 4 bytes per parameter, which is
+# why sharded setups often reduce them in 16 bits (lesson 11, FSDP2 mixed precision).
+
+# %% [markdown]
+# ## 6. AdamW is a few lines of NumPy
+#
+# The state counted above, `exp_avg` and `exp_avg_sq`, is Adam's first and second moment.
+# Here is AdamW written out in NumPy, trained side by side with `torch.optim.AdamW` on a
+# small 4-class dataset made for this course (`data/four_classes.csv` at the repository's
+# top, written by `scripts/make_four_classes.py`: four overlapping 2-D Gaussian clouds, 400
+# training and 200 validation points). The model is a linear classifier in float64, started at zero; the weight gets
+# weight decay 0.1, the bias none (AdamW takes one parameter group per setting). Both see
+# the same mini-batches of 16.
+#
+# **Predict.** What is the loss at step 1, when every logit is 0? How far apart will the
+# two sets of weights be after 300 steps?
+
+
+# %%
+def load_data(path):
+    """(x_train, y_train, x_val, y_val) as float64 / int64 NumPy arrays."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    x = np.array([[float(r["x1"]), float(r["x2"])] for r in rows])  # (N, 2)
+    y = np.array([int(r["label"]) for r in rows])  # (N,)
+    train = np.array([r["split"] == "train" for r in rows])
+    return x[train], y[train], x[~train], y[~train]
+
+
+class NumpyAdamW:
+    """AdamW on NumPy arrays, updated in place: decoupled weight decay, bias-corrected moments."""
+
+    def __init__(self, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.lr, (self.b1, self.b2), self.eps = lr, betas, eps
+        self.state = {}  # name -> (m, v, t)
+
+    def step(self, name, p, grad, weight_decay):
+        m, v, t = self.state.get(name, (np.zeros_like(p), np.zeros_like(p), 0))
+        t += 1
+        p *= 1 - self.lr * weight_decay  # decay the weight itself, not the gradient
+        m = self.b1 * m + (1 - self.b1) * grad
+        v = self.b2 * v + (1 - self.b2) * grad**2
+        m_hat, v_hat = m / (1 - self.b1**t), v / (1 - self.b2**t)  # undo the zero start
+        p -= self.lr * m_hat / (np.sqrt(v_hat) + self.eps)
+        self.state[name] = (m, v, t)
+
+
+def softmax(z):
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+# %%
+x_tr, y_tr, x_val, y_val = load_data(HERE.parent.parent / "data" / "four_classes.csv")
+LR, DECAY, BATCH, STEPS = 0.05, 0.1, 16, 300
+model = torch.nn.Linear(2, 4, dtype=torch.float64)
+torch.nn.init.zeros_(model.weight)
+torch.nn.init.zeros_(model.bias)
+adamw = torch.optim.AdamW([{"params": [model.weight], "weight_decay": DECAY},
+                           {"params": [model.bias], "weight_decay": 0.0}], lr=LR)
+W, b, ours_opt = np.zeros((4, 2)), np.zeros(4), NumpyAdamW(LR)  # W (C, D) like model.weight
+xt, yt = torch.from_numpy(x_tr), torch.from_numpy(y_tr)
+rng = np.random.default_rng(0)
+gaps = []
+for step in range(1, STEPS + 1):
+    i = rng.choice(len(y_tr), BATCH, replace=False)  # the same batch for both
+    loss = F.cross_entropy(model(xt[i]), yt[i])
+    adamw.zero_grad()
+    loss.backward()
+    adamw.step()
+    dz = (softmax(x_tr[i] @ W.T + b) - np.eye(4)[y_tr[i]]) / BATCH  # (B, C) dloss/dlogits
+    ours_opt.step("W", W, dz.T @ x_tr[i], DECAY)
+    ours_opt.step("b", b, dz.sum(axis=0), 0.0)
+    gaps.append(max(np.abs(model.weight.detach().numpy() - W).max(),
+                    np.abs(model.bias.detach().numpy() - b).max()))
+    if step in (1, 10, 100, STEPS):
+        print(f"step {step:3d}: loss {loss.item():.4f}, largest weight gap {gaps[-1]:.1e}")
+with torch.no_grad():
+    acc = (model(torch.from_numpy(x_val)).argmax(1).numpy() == y_val).mean()
+acc_np = ((x_val @ W.T + b).argmax(1) == y_val).mean()
+print(f"largest gap over all steps {max(gaps):.1e}; ln 4 = {math.log(4):.4f}")
+print(f"validation accuracy: torch {acc:.3f}, numpy {acc_np:.3f}")
+
+# %% [markdown]
+# Output:
+# ```text
+# step   1: loss 1.3863, largest weight gap 2.1e-17
+# step  10: loss 0.7280, largest weight gap 1.1e-16
+# step 100: loss 0.4182, largest weight gap 2.2e-16
+# step 300: loss 0.3553, largest weight gap 4.4e-16
+# largest gap over all steps 4.4e-16; ln 4 = 1.3863
+# validation accuracy: torch 0.865, numpy 0.865
+# ```
+#
+# At step 1 all logits are 0, the softmax is uniform over 4 classes, and the loss is
+# −ln(1/4) = ln 4 = 1.3863. The two optimizers then agree for all 300 steps to within
+# 4.4e-16, two units in the last place of weights of size 1 to 2 (float64's step between
+# 1 and 2 is 2.2e-16): the gap is rounding, because PyTorch evaluates the same formulas
+# in a slightly different order, and it stays at that level instead of growing.
+# `torch.optim.AdamW` *is* the few lines of `NumpyAdamW.step`. The clouds overlap, so a linear
+# classifier cannot be perfect: 86.5% of the validation points land on their own side.
+
+# %% [markdown]
+# ## 7. Picture it: three number lines
+#
+# **Predict.** On a log scale from 1e-46 to 1e39, where does each format hold normal
+# numbers, where only subnormals, and where does it overflow?
+
+
+# %%
+def plot_formats(formats, marks=(1e-8, 7e4)):
+    """One horizontal line per format: subnormal range, normal range, overflow, on log x."""
+    fig, ax = plt.subplots(figsize=(9, 2.8))
+    right = 1e40  # the plot's right edge: "overflow" runs from max to here
+    for row, (name, dtype) in enumerate(formats.items()):
+        _, _, big, tiny, sub, _ = format_row(dtype)
+        for lo, hi, part, color in [(sub, tiny, "subnormal", "tab:orange"),
+                                    (tiny, big, "normal", "tab:blue"),
+                                    (big, right, "overflow", "tab:red")]:
+            ax.barh(row, hi - lo, left=lo, height=0.5, color=color, label=f"{name} {part}")
+    for v in marks:
+        ax.axvline(v, color="black", linestyle=":", linewidth=1)
+        ax.text(v * 3, -0.7, f"{v:g}", va="center")  # just right of the line, above the bars
+    ax.set_xscale("log")
+    ax.set_xlim(1e-46, right)
+    ax.set_ylim(len(formats) - 0.5, -1.0)  # inverted: the first format on top
+    ax.set_yticks(range(len(formats)), list(formats))
+    ax.set_xlabel("magnitude (log scale)")
+    ax.set_title("orange: subnormal, blue: normal, red: overflow to inf")
+    fig.tight_layout()
+    return fig
+
+
+# %%
+fig = plot_formats(FORMATS)
+fig.savefig(HERE / "formats.png", dpi=100)
+print("saved formats.png")
+
+# %% [markdown]
+# Output:
+# ```text
+# saved formats.png
+# ```
+#
+# float32 and bfloat16 cover the same 76 decades of normal numbers (bfloat16's subnormals
+# stop earlier, at 9e-41, because it has fewer mantissa bits to give up). float16's normal
+# range is a band of 9 decades, from 6e-5 to 65,504, with subnormals down to 6e-8: the
+# dotted line at 1e-8 falls off its left end, the one at 70,000 into its overflow. What the
+# picture does not show is precision: 8 significant bits (about 2.4 decimal digits) for
+# bfloat16, 11 (3.3 digits) for float16, 24 (7.2 digits) for float32, the same relative
+# precision everywhere in each format's normal range.
+
+# %% [markdown]
+# ## Summary
+#
+# - float32 (8 exponent, 23 mantissa bits), float16 (5, 10) and bfloat16 (8, 7): bfloat16
+#   has float32's range and little precision; float16 more precision and a range of
+#   6e-8 (subnormal) to 65,504.
+# - Small updates vanish in bfloat16 (1 + 10,000 × 1e-4 stays 1), so master weights and
+#   optimizer state stay in float32; only the matmuls run in 16 bits.
+# - float16 needs loss scaling: multiply the loss, unscale the gradients in float32.
+#   `GradScaler` starts at 2**16, skips the step and halves on inf/NaN, doubles after
+#   `growth_interval` clean steps; a dozen lines reproduce its decisions exactly.
+# - CPU autocast runs linear/matmul in bfloat16, keeps softmax and layer_norm in their
+#   input dtype (CUDA's lists put them in float32), and returns float32 cross-entropy.
+#   Compute the loss on `logits.float()`.
+# - A mixed-precision AdamW step keeps 16 bytes per parameter (4 weights, 4 gradients,
+#   8 moments), plus the bfloat16 weight copies saved for backward during the step.
+# - `torch.optim.AdamW` matches a few lines of NumPy to ~4e-16 in float64, step after step.
+# - On a GPU, this lesson's tests time matmuls in fp32, tf32, fp16 and bf16 and check the
+#   CUDA autocast dtypes (`make test-gpu`).
+#
+# ## Exercises
+#
+# Open `exercises.py` in this folder and implement `DynamicLossScaler`: the loss scaler of
+# section 3 as a reusable object, with `GradScaler`'s arguments (`init_scale`,
+# `growth_factor`, `backoff_factor`, `growth_interval`), a `scale` attribute and
+# `step(scaled_grads)`, which returns the unscaled gradients or `None` when the step must
+# be skipped. Mind NaN as well as inf, growth exactly at the interval, and the clean-step
+# counter after an overflow. Check it with `make exercises N=05`: the tests replay many
+# scripted gradient sequences through your scaler and through `torch.amp.GradScaler` and
+# compare every decision. `solutions.py` has one way to write it.

@@ -1,0 +1,359 @@
+"""Tests of lesson 05: documented outputs, the formats' facts, loss scaling against GradScaler,
+CPU autocast dtypes, the step's bytes, AdamW in NumPy, the figure, the dataset, the exercise
+(against torch.amp.GradScaler on scripted sequences), and matmul rates / autocast on GPU."""
+
+import math
+import random
+import statistics
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+
+def test_script_outputs(lesson):
+    lesson.check()
+
+
+def test_notebook_outputs(lesson_notebook):
+    lesson_notebook.check()
+
+
+# ----------------------------------------------------------------------------------------
+# Key values of the lesson, read from the namespace the script left behind
+
+
+def test_format_table_matches_the_formats_behaviour(lesson):
+    ns = lesson.ns
+    stored, format_row = ns["stored"], ns["format_row"]
+    for name, dtype in ns["FORMATS"].items():
+        e, m, big, tiny, sub, eps = format_row(dtype)
+        assert 1 + e + m == torch.finfo(dtype).bits, name
+        # m mantissa bits: 1 + 2**-m is a number of the format, 1 + 2**-(m+1) rounds to 1
+        assert stored(1 + 2.0**-m, dtype) == 1 + eps and stored(1 + 2.0**-(m + 1), dtype) == 1
+        # e exponent bits: the largest exponent is 2**(e-1) - 1, the smallest normal 2 - 2**(e-1)
+        assert big == (2 - 2.0**-m) * 2.0 ** (2 ** (e - 1) - 1), name
+        assert tiny == 2.0 ** (2 - 2 ** (e - 1)), name
+        assert stored(big, dtype) == big and stored(tiny, dtype) == tiny
+        assert stored(sub, dtype) == sub > 0 and stored(sub / 2, dtype) == 0  # the last subnormal
+        if dtype != torch.float32:
+            assert stored(2 * big, dtype) == math.inf
+
+
+def test_rounding_examples(lesson):
+    stored, f16, bf16 = lesson.ns["stored"], torch.float16, torch.bfloat16
+    assert stored(1e-8, f16) == 0 and stored(1e-8, bf16) == pytest.approx(1e-8, rel=2e-3)
+    assert stored(70_000.0, f16) == math.inf and stored(70_000.0, bf16) == 70_144
+    assert stored(1.001, f16) == 1 + 2**-10 and stored(1.001, bf16) == 1
+
+
+def test_bfloat16_accumulation_stalls(lesson):
+    sums = lesson.ns["sums"]
+    assert sums["bfloat16"] == 1.0 and abs(sums["float32"] - 2) < 1e-3
+    assert lesson.ns["stored"](1 + 1e-4, torch.bfloat16) == 1  # every addition rounds away
+
+
+def test_loss_scaling_keeps_small_gradients(lesson):
+    g, plain, scaled = lesson.ns["g"], lesson.ns["plain"], lesson.ns["scaled"]
+    assert plain[0] == 0 and abs(plain[1] / g[1] - 1) > 0.05 and plain[2] == pytest.approx(g[2], rel=1e-3)
+    torch.testing.assert_close(scaled, g, rtol=2e-3, atol=0)
+    assert scaled[1] == pytest.approx(g[1], rel=1e-3)
+
+
+def test_lesson_scaler_trace(lesson):
+    ns = lesson.ns
+    ours, theirs = ns["ours"], ns["theirs"]
+    actions = [ns["action"](u) for _, u in theirs]
+    assert [k for k, a in enumerate(actions, start=1) if a == "skip"] == [3, 4]
+    assert [s for s, _ in theirs] == [s for s, _ in ours]
+    assert theirs[4][0] == 2.0**14 and theirs[7][0] == 2.0**15  # halved twice, then grew once
+    assert ns["same"] is True
+
+
+@pytest.mark.parametrize("interval", [1, 2, 4])
+def test_lesson_rule_matches_gradscaler_on_other_runs(lesson, interval):
+    """our_trace is not tuned to one sequence: other overflow patterns, NaN included."""
+    rng = random.Random(interval)
+    grads = []
+    for _ in range(14):
+        big = rng.choice([1e-4, 1e-4, 2.0, 9.0, math.nan])  # 2.0 / 9.0 overflow at high scales
+        grads.append(torch.tensor([1e-8, 2e-7, big]))
+    ours = lesson.ns["our_trace"](grads, interval)
+    theirs = lesson.ns["torch_trace"](grads, interval)
+    assert [s for s, _ in ours] == [s for s, _ in theirs]
+    for (_, a), (_, b) in zip(ours, theirs):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+    assert any(a is None for _, a in ours) and any(a is not None for _, a in ours)
+
+
+def test_cpu_autocast_dtypes(lesson):
+    d = lesson.ns["dtypes"]
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert d["linear(x fp32)"] == d["x @ w.T"] == bf16
+    assert d["softmax(logits)"] == d["layer_norm(logits)"] == bf16  # input dtype kept on CPU
+    assert d["softmax(x fp32)"] == f32 and d["cross_entropy(logits)"] == f32
+
+
+def test_loss_on_fp32_logits(lesson):
+    ns = lesson.ns
+    exact = F.cross_entropy(ns["logits"].double(), ns["labels"])
+    assert ns["loss_bf16"].dtype == torch.bfloat16 and ns["loss_fp32"].dtype == torch.float32
+    assert abs(ns["loss_fp32"].item() - exact.item()) < 1e-6
+    assert abs(ns["loss_bf16"].item() - exact.item()) > 1e-3
+
+
+def test_step_memory(lesson):
+    ns = lesson.ns
+    mlp, parts, n, nbytes = ns["mlp"], ns["parts"], ns["n"], ns["nbytes"]
+    assert n == 8_393_728 == 1024 * 4096 + 4096 + 4096 * 1024 + 1024
+    assert all(p.grad.dtype == p.dtype == torch.float32 for p in mlp.parameters())
+    assert {k: nbytes(v) for k, v in parts.items()} == {
+        "weights": 4 * n, "gradients": 4 * n, "AdamW m and v": 8 * n}
+    assert ns["total"] == 16 * n
+    # the optimizer's real state: exactly step, exp_avg and exp_avg_sq per parameter
+    assert all(set(s) == {"step", "exp_avg", "exp_avg_sq"} for s in ns["state"])
+    assert len(ns["state"]) == 4
+    names = [name for name, _ in ns["copies"]]
+    assert names == ["2.weight"] and ns["copies"][0][1].dtype == torch.bfloat16
+    saved = ns["saved"]
+    assert saved[1].data_ptr() == saved[2].data_ptr()  # the ReLU output, saved twice
+
+
+def test_saved_weight_copies_when_the_input_needs_grad(lesson):
+    """The prose's claim: with a requires-grad input, every layer's bf16 weight copy is saved."""
+    weight_copies = lesson.ns["weight_copies"]
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    for needs_grad, expected in [(False, ["2.weight"]), (True, ["0.weight", "2.weight"])]:
+        x = torch.randn(2, 16, requires_grad=needs_grad)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                mlp(x)
+        assert sorted(name for name, _ in weight_copies(saved, mlp)) == expected
+
+
+def test_adamw_matches_numpy(lesson):
+    ns = lesson.ns
+    assert len(ns["gaps"]) == ns["STEPS"] and max(ns["gaps"]) < 1e-14
+    assert ns["acc"] == ns["acc_np"] and 0.8 < ns["acc"] < 0.95
+    assert len(ns["y_tr"]) == 400 and len(ns["y_val"]) == 200
+    assert np.bincount(ns["y_tr"]).tolist() == [100] * 4
+
+
+@pytest.mark.parametrize("lr, decay, betas", [(1e-2, 0.0, (0.9, 0.999)), (3e-3, 0.5, (0.8, 0.99))])
+def test_numpy_adamw_matches_torch_on_random_tensors(lesson, lr, decay, betas):
+    gen = np.random.default_rng(1)
+    p0 = gen.standard_normal((3, 5))
+    p_torch = torch.nn.Parameter(torch.from_numpy(p0.copy()))
+    opt = torch.optim.AdamW([p_torch], lr=lr, betas=betas, weight_decay=decay)
+    p_np, ours = p0.copy(), lesson.ns["NumpyAdamW"](lr, betas=betas)
+    for _ in range(25):
+        grad = gen.standard_normal((3, 5)) * gen.choice([1e-3, 1.0, 30.0])
+        p_torch.grad = torch.from_numpy(grad.copy())
+        opt.step()
+        ours.step("p", p_np, grad, decay)
+    np.testing.assert_allclose(p_np, p_torch.detach().numpy(), rtol=0, atol=1e-13)
+
+
+def test_dataset_regenerates_byte_for_byte(lesson):
+    from scripts import make_four_classes as make_data
+
+    assert make_data.CSV.read_text() == make_data.render(make_data.make_rows())
+
+
+def test_figure_shows_the_ranges(lesson):
+    ns = lesson.ns
+    fig = ns["plot_formats"](ns["FORMATS"])
+    ax = fig.get_axes()[0]
+    assert ax.get_xscale() == "log" and ax.get_xlabel() == "magnitude (log scale)"
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(ns["FORMATS"])
+    bars = {c.get_label(): c.patches[0] for c in ax.containers}  # one bar per barh call
+    for row, (name, dtype) in enumerate(ns["FORMATS"].items()):
+        _, _, big, tiny, sub, _ = ns["format_row"](dtype)
+        for part, lo, hi in [("subnormal", sub, tiny), ("normal", tiny, big), ("overflow", big, 1e40)]:
+            bar = bars[f"{name} {part}"]
+            assert bar.get_x() == pytest.approx(lo) and bar.get_x() + bar.get_width() == pytest.approx(hi)
+            assert bar.get_y() + bar.get_height() / 2 == pytest.approx(row)
+    assert len(bars) == 9
+    marks = sorted(line.get_xdata()[0] for line in ax.lines)  # the dotted example values
+    assert marks == [1e-8, 7e4]
+    assert (ns["HERE"] / "formats.png").is_file()
+
+
+# ----------------------------------------------------------------------------------------
+# Exercise: DynamicLossScaler against torch.amp.GradScaler on scripted gradient sequences
+
+
+class Recorder(torch.optim.Optimizer):
+    """Records the gradients GradScaler lets through (already unscaled); changes nothing."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+        self.seen = []
+
+    def step(self, closure=None):
+        self.seen.append([p.grad.clone() for p in self.param_groups[0]["params"]])
+
+
+def replay(scaler_cls, steps, **kw):
+    """Run `steps` through GradScaler and through scaler_cls side by side; assert each step.
+
+    steps: [(true grads, corrupt)] where corrupt is None or (tensor index, flat index, value).
+    """
+    shapes = [g.shape for g in steps[0][0]]
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    opt = Recorder(params)
+    ref = torch.amp.GradScaler("cpu", **kw)
+    mine = scaler_cls(**kw)
+    for k, (grads, corrupt) in enumerate(steps):
+        ref.scale(torch.ones(()))  # creates the scale tensor on first use, as scaling a loss does
+        scale = ref.get_scale()
+        assert mine.scale == scale, f"step {k}: scale {mine.scale}, GradScaler {scale}"
+        scaled = [g * scale for g in grads]
+        if corrupt:
+            i, j, value = corrupt
+            scaled[i].view(-1)[j] = value
+        for p, s in zip(params, scaled):
+            p.grad = s.clone()
+        n_seen = len(opt.seen)
+        ref.step(opt)
+        ref.update()
+        inputs = [s.clone() for s in scaled]
+        out = mine.step(inputs)
+        skipped = len(opt.seen) == n_seen
+        assert (out is None) == skipped, f"step {k}: skip {out is None}, GradScaler skip {skipped}"
+        if out is not None:
+            assert len(out) == len(grads)
+            for a, b in zip(out, opt.seen[-1]):
+                assert a.dtype == b.dtype and torch.equal(a, b), f"step {k}: unscaled {a} != {b}"
+        assert all(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True) for a, b in zip(inputs, scaled)), \
+            f"step {k}: inputs modified"
+    assert mine.scale == ref.get_scale()
+
+
+def clean(n, seed=0, shapes=((3,), (2, 2))):
+    gen = torch.Generator().manual_seed(seed)
+    return [(([torch.randn(s, generator=gen) for s in shapes]), None) for _ in range(n)]
+
+
+def bad(value=math.inf, i=0, j=0, shapes=((3,), (2, 2))):
+    return [([torch.ones(s) for s in shapes], (i, j, value))]
+
+
+SCRIPTED = {
+    # growth exactly at the interval: 3 clean steps grow at interval 3, not before or after
+    "growth-at-interval": (clean(7), {"growth_interval": 3}),
+    "growth-interval-1": (clean(4), {"growth_interval": 1}),
+    # the clean-step counter restarts after an overflow
+    "reset-after-inf": (clean(2) + bad() + clean(2) + clean(2), {"growth_interval": 3}),
+    "reset-after-nan": (clean(2) + bad(math.nan, 1, 3) + clean(4), {"growth_interval": 3}),
+    "minus-inf": (clean(1) + bad(-math.inf, 1, 2) + clean(2), {"growth_interval": 2}),
+    "nan-only": (bad(math.nan) + bad(math.nan, 1, 0) + clean(1), {"growth_interval": 5}),
+    "overflow-right-after-growth": (clean(3) + bad() + clean(3), {"growth_interval": 3}),
+    "other-factors": (clean(2) + bad() + clean(5) + bad(math.nan), {
+        "init_scale": 2.0**10, "growth_factor": 4.0, "backoff_factor": 0.25, "growth_interval": 2}),
+}
+
+
+@pytest.mark.exercise("DynamicLossScaler")
+@pytest.mark.parametrize("name", SCRIPTED)
+def test_scaler_scripted(exercise_module, name):
+    steps, kw = SCRIPTED[name]
+    replay(exercise_module.DynamicLossScaler, steps, **kw)
+
+
+@pytest.mark.exercise("DynamicLossScaler")
+def test_scaler_defaults(exercise_module):
+    """The defaults: 2**16, x2 after exactly 2000 clean steps, x0.5 on overflow."""
+    s = exercise_module.DynamicLossScaler()
+    assert s.scale == 2.0**16
+    one = [torch.ones(2)]
+    for _ in range(1999):
+        assert s.step(one) is not None
+    assert s.scale == 2.0**16
+    s.step(one)
+    assert s.scale == 2.0**17
+    assert s.step([torch.tensor([1.0, math.inf])]) is None and s.scale == 2.0**16
+    # a short run through GradScaler with its defaults too
+    replay(exercise_module.DynamicLossScaler, clean(3) + bad() + clean(2))
+
+
+@pytest.mark.exercise("DynamicLossScaler")
+def test_scaler_random_sequences(exercise_module):
+    rng = random.Random(0)
+    for _ in range(20):
+        kw = {"init_scale": 2.0 ** rng.randint(4, 20), "growth_interval": rng.choice([1, 2, 3, 5])}
+        steps = []
+        for _ in range(rng.randint(10, 25)):
+            if rng.random() < 0.25:
+                steps += bad(rng.choice([math.inf, -math.inf, math.nan]), rng.randrange(2), rng.randrange(3))
+            else:
+                steps += clean(1, seed=rng.randrange(10**6))
+        replay(exercise_module.DynamicLossScaler, steps, **kw)
+
+
+# ----------------------------------------------------------------------------------------
+# GPU: matmul throughput per dtype, and what CUDA autocast does to softmax and layer_norm
+
+
+def matmul_tflops(device, dtype, n=4096, repeats=10):
+    sync = torch.cuda.synchronize if device == "cuda" else torch.mps.synchronize
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b  # warm-up: library selection, clocks
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        sync()  # kernels run asynchronously: stop the clock when the GPU is done
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e12
+
+
+@pytest.mark.parametrize(
+    "device",
+    [pytest.param("cuda", marks=pytest.mark.cuda), pytest.param("mps", marks=pytest.mark.mps)],
+)
+def test_matmul_tflops_per_dtype(device):
+    cases = [("fp32", torch.float32, "highest"), ("fp16", torch.float16, "highest"),
+             ("bf16", torch.bfloat16, "highest")]
+    if device == "cuda":
+        cases.insert(1, ("tf32", torch.float32, "high"))  # fp32 inputs on TF32 tensor cores
+    before = torch.get_float32_matmul_precision()
+    rates = {}
+    try:
+        for name, dtype, precision in cases:
+            torch.set_float32_matmul_precision(precision)
+            try:
+                rates[name] = matmul_tflops(device, dtype)
+            except (RuntimeError, TypeError) as err:  # e.g. bf16 on an older MPS
+                print(f"{device} {name}: not supported ({str(err).splitlines()[0]})")
+    finally:
+        torch.set_float32_matmul_precision(before)
+    print(f"{device} 4096x4096 matmul: " + ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in rates.items()))
+    assert all(v > 0 for v in rates.values()) and "fp32" in rates
+    if device == "cuda":
+        assert rates["fp16"] > rates["fp32"]  # tensor cores: 16-bit products are much faster
+
+
+@pytest.mark.cuda
+def test_cuda_autocast_dtypes():
+    """On CUDA, softmax and layer_norm are on autocast's float32 list (on the CPU they are not)."""
+    x = torch.randn(8, 16, device="cuda")
+    w = torch.randn(4, 16, device="cuda")
+    labels = torch.randint(0, 4, (8,), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = F.linear(x, w)
+        assert logits.dtype == torch.bfloat16
+        assert logits.softmax(-1).dtype == torch.float32
+        assert F.layer_norm(logits, (4,)).dtype == torch.float32
+        assert F.cross_entropy(logits, labels).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the contrast, same call on the CPU
+        cpu_logits = F.linear(x.cpu(), w.cpu())
+        assert cpu_logits.softmax(-1).dtype == F.layer_norm(cpu_logits, (4,)).dtype == torch.bfloat16
