@@ -1,0 +1,852 @@
+# %% [markdown]
+# # 03 · Autograd: a tape of what actually ran
+#
+# Backpropagation is a set of local rules: each operation knows how to turn the gradient
+# of its output into gradients of its inputs. Autograd applies those rules for you. While
+# the forward pass runs, it records which operations ran on which tensors; `backward()`
+# walks that record from the loss back to the leaves. This lesson first writes such a
+# recorder in NumPy, checks it against PyTorch to the last bits, then opens PyTorch's own
+# record: its nodes, the tensors it keeps alive, and the places where you can hook into it.
+#
+# **What you will learn**
+#
+# - how a tape autograd works, in about 60 lines of NumPy: gradients summed over uses,
+#   un-broadcasting, reverse topological order;
+# - how to walk the graph PyTorch records (`grad_fn`, `next_functions`) and why it is
+#   rebuilt on every forward pass;
+# - what version counters protect, why `.grad` accumulates, and what `gradcheck` checks;
+# - how to write a `torch.autograd.Function` (a tanh-GELU, a straight-through estimator);
+# - tensor, forward and backward hooks, how to count the bytes autograd saves, and what
+#   activation checkpointing does to that count;
+# - how to accumulate gradients over micro-batches of uneven sizes without changing the
+#   result.
+#
+# **Prerequisites:** lesson 01 (views share storage), the chain rule, and the gradient of
+# a matrix product (`dL/dA = dL/dC @ B.T` for `C = A @ B`).
+#
+# **How to run:** `python lessons/03_autograd/autograd.py` or `make lesson N=03` from the
+# repository root, or open `autograd.ipynb`. Everything runs on the CPU in a few seconds.
+# Each printing cell is followed by an *Output* block: what it printed with the pinned
+# PyTorch (2.13.0), checked by `make test`.
+
+# %%
+import os
+import warnings
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # one thread: the same summation order on every run
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+DEVICE = torch.device(os.environ.get("COURSE_DEVICE", "cpu"))
+
+
+def first_sentence(err):
+    """The first sentence of an error message: stable, and short enough to print."""
+    return str(err).split(". ")[0]
+
+
+# %% [markdown]
+# ## 1. A tape autograd in NumPy
+#
+# Each `Tensor` below holds a NumPy array, the tensors it was computed from (`parents`)
+# and a function `grad_fn` that maps the gradient of the output to one gradient per
+# parent. That is the whole tape: every operation adds one node that points at its inputs.
+# `backward` sorts the nodes so that each comes after its parents, then visits them in
+# reverse, from the loss to the leaves, adding each node's contribution into its
+# parents' `.grad`.
+#
+# Two rules carry the weight. A tensor used twice receives a gradient from each use, and
+# they *add* (the chain rule summed over paths). And when `+` broadcasts, say a bias of
+# shape (5,) added to every row of a (4, 5) matrix, the bias was used once per row, so
+# its gradient is the sum over rows: `unbroadcast` sums the gradient back to the input's
+# shape.
+
+
+# %%
+def unbroadcast(grad, shape):
+    """Sum grad (the shape of a broadcast result) back to the input's shape."""
+    grad = grad.sum(axis=tuple(range(grad.ndim - len(shape))))  # dims broadcasting added in front
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    return np.asarray(grad.sum(axis=stretched, keepdims=True))  # size-1 dims it stretched
+
+
+def topological_order(root):
+    """Every tensor root depends on, each one after its parents (no recursion: any depth)."""
+    order, seen, stack = [], set(), [(root, False)]
+    while stack:
+        t, parents_done = stack.pop()
+        if parents_done:
+            order.append(t)
+        elif id(t) not in seen:
+            seen.add(id(t))
+            stack.append((t, True))  # popped again once all its parents are in order
+            stack.extend((p, False) for p in t.parents)
+    return order
+
+
+class Tensor:
+    """A float64 NumPy array that remembers the operation that made it."""
+
+    def __init__(self, data, parents=(), grad_fn=None):
+        self.data = np.asarray(data, dtype=np.float64)
+        self.grad = None
+        self.parents = parents  # the tensors this one was computed from
+        self.grad_fn = grad_fn  # gradient of self -> one gradient per parent
+
+    def __add__(self, other):  # NumPy broadcasting, undone in backward
+        def grad_fn(g):
+            return unbroadcast(g, self.data.shape), unbroadcast(g, other.data.shape)
+        return Tensor(self.data + other.data, (self, other), grad_fn)
+
+    def __matmul__(self, other):  # (N, K) @ (K, M) -> (N, M)
+        def grad_fn(g):  # g: (N, M)
+            return g @ other.data.T, self.data.T @ g  # (N, K), (K, M)
+        return Tensor(self.data @ other.data, (self, other), grad_fn)
+
+    def relu(self):
+        mask = self.data > 0  # PyTorch's convention: the gradient at exactly 0 is 0
+        return Tensor(self.data * mask, (self,), lambda g: (g * mask,))
+
+    def bce_with_logits(self, y):
+        """Mean binary cross-entropy of sigmoid(self) against the 0/1 array y: a 0-d Tensor."""
+        z = self.data
+        e = np.exp(-np.abs(z))  # in (0, 1]: never overflows
+        # log(1 + e^z) - y*z, rewritten as max(z, 0) - y*z + log(1 + e^-|z|): finite for any z
+        loss = np.mean(np.maximum(z, 0) - y * z + np.log1p(e))
+        p = np.where(z >= 0, 1, e) / (1 + e)  # sigmoid(z), written for either sign of z
+        return Tensor(loss, (self,), lambda g: (g * (p - y) / z.size,))
+
+    def backward(self):
+        self.grad = np.ones_like(self.data)  # dL/dL = 1
+        for t in reversed(topological_order(self)):  # the loss first, leaves last
+            if t.grad_fn is None or t.grad is None:
+                continue  # a leaf, or a tensor the loss does not depend on
+            for p, g in zip(t.parents, t.grad_fn(t.grad)):
+                p.grad = g if p.grad is None else p.grad + g  # used twice: gradients add
+
+
+# %% [markdown]
+# Every `grad_fn` is a closure over what its rule needs: `@` keeps both inputs, `relu`
+# keeps a mask, the loss keeps its probabilities. Those captured arrays are exactly the
+# memory a real framework must keep until backward runs (section 5 counts it in PyTorch).
+#
+# **Predict.** The worked example of a 2-2-1 XOR network: input `x = [[1, 0]]`, label
+# `y = [[1]]`, `h = relu(x @ W1 + b1)`, logit `h @ w2 + b2`. The second hidden unit's
+# pre-activation is `-0.4·1 + 0.8·0 + 0.1 = -0.3`. Which gradients must therefore be
+# exactly 0? Will our tape and PyTorch agree to the last bit?
+
+# %%
+x_xor, y_xor = np.array([[1.0, 0.0]]), np.array([[1.0]])  # (1, 2), (1, 1)
+XOR_PARAMS = {
+    "W1": np.array([[0.5, -0.4], [0.3, 0.8]]),  # (2, 2)
+    "b1": np.array([0.0, 0.1]),  # (2,), broadcast over the batch
+    "w2": np.array([[0.7], [-0.6]]),  # (2, 1)
+    "b2": np.array([0.1]),  # (1,)
+}
+
+
+def xor_ours(params):
+    """Loss and gradients of the 2-2-1 network with our tape."""
+    W1, b1, w2, b2 = (Tensor(a) for a in params.values())
+    loss = ((Tensor(x_xor) @ W1 + b1).relu() @ w2 + b2).bce_with_logits(y_xor)
+    loss.backward()
+    return float(loss.data), {k: t.grad for k, t in zip(params, (W1, b1, w2, b2))}
+
+
+def xor_torch(params):
+    """The same network in PyTorch, float64."""
+    W1, b1, w2, b2 = (torch.tensor(a, requires_grad=True) for a in params.values())
+    h = torch.relu(torch.tensor(x_xor) @ W1 + b1)  # (1, 2)
+    loss = F.binary_cross_entropy_with_logits(h @ w2 + b2, torch.tensor(y_xor))
+    loss.backward()
+    return loss.item(), {k: t.grad.numpy() for k, t in zip(params, (W1, b1, w2, b2))}
+
+
+loss_ours, grads_ours = xor_ours(XOR_PARAMS)
+loss_ref, grads_ref = xor_torch(XOR_PARAMS)
+print(f"loss: ours {loss_ours:.4f}  PyTorch {loss_ref:.4f}")
+for k in XOR_PARAMS:
+    gap = np.abs(grads_ours[k] - grads_ref[k]).max()
+    print(f"dL/d{k:<2} {np.round(grads_ours[k], 4).ravel().tolist()}  largest gap {gap:.1e}")
+
+# %% [markdown]
+# Output:
+# ```text
+# loss: ours 0.4932  PyTorch 0.4932
+# dL/dW1 [-0.2726, 0.0, 0.0, 0.0]  largest gap 0.0e+00
+# dL/db1 [-0.2726, 0.0]  largest gap 0.0e+00
+# dL/dw2 [-0.1947, 0.0]  largest gap 0.0e+00
+# dL/db2 [-0.3894]  largest gap 0.0e+00
+# ```
+#
+# The loss is `log(1 + e^-z)` for the logit `z`; the logit's gradient `sigmoid(z) - 1`
+# flows back along every path that was active. The second hidden unit was switched off by
+# its ReLU, so everything behind it (column 2 of `W1`, `b1[1]`) and the weight it feeds
+# (`w2[1]`, multiplied by an activation of 0) get exactly 0. The input's second feature
+# is 0, so row 2 of `W1` gets 0 too. With a batch of one, every product and sum has only
+# one possible order, and our sigmoid for a positive logit is the textbook
+# `1 / (1 + e^-z)`: here both implementations round identically, and every gap is 0.
+#
+# **Predict.** Now 200 random networks where things get harder: a square weight `W`
+# applied twice (`relu(relu(x @ W + b) @ W + b)`, so `W` and the (1, 5) bias `b` each get
+# two contributions), a batch of 4, and random 0/1 labels. How close will the two
+# gradients be in float64?
+
+
+# %%
+def random_case(rng):
+    """Parameters and data of one network with a weight and a bias each used twice."""
+    return {
+        "x": rng.normal(size=(4, 5)),  # (N, D)
+        "W": rng.normal(size=(5, 5)) / 2,  # (D, D), used twice
+        "b": rng.normal(size=(1, 5)),  # (1, D), broadcast over N, used twice
+        "v": rng.normal(size=(5, 1)),  # (D, 1)
+        "y": rng.integers(0, 2, size=(4, 1)).astype(float),  # (N, 1)
+    }
+
+
+def twice_ours(c):
+    x, W, b, v = (Tensor(c[k]) for k in "xWbv")
+    h = ((x @ W + b).relu() @ W + b).relu()  # (N, D)
+    (h @ v).bce_with_logits(c["y"]).backward()
+    return [t.grad for t in (W, b, v)]
+
+
+def twice_torch(c):
+    W, b, v = (torch.tensor(c[k], requires_grad=True) for k in "Wbv")
+    h = torch.relu(torch.relu(torch.tensor(c["x"]) @ W + b) @ W + b)  # (N, D)
+    F.binary_cross_entropy_with_logits(h @ v, torch.tensor(c["y"])).backward()
+    return [t.grad.numpy() for t in (W, b, v)]
+
+
+def largest_gap(n_cases=200, seed=0):
+    """Largest |ours - PyTorch| over all gradient entries of n_cases random networks."""
+    rng = np.random.default_rng(seed)
+    gap = 0.0
+    for _ in range(n_cases):
+        c = random_case(rng)
+        for a, b in zip(twice_ours(c), twice_torch(c)):
+            gap = max(gap, np.abs(a - b).max())
+    return gap
+
+
+gap_random = largest_gap()
+print(f"200 random networks: largest gradient gap {gap_random:.0e}")
+print(f"float64 machine epsilon {np.finfo(np.float64).eps:.1e}")
+
+# %% [markdown]
+# Output:
+# ```text
+# 200 random networks: largest gradient gap 7e-16
+# float64 machine epsilon 2.2e-16
+# ```
+#
+# The gradients here are of order 0.1 to 4. float64 carries 53 significant bits, so
+# between 1 and 2 neighbouring values are 2.2e-16 apart (the machine epsilon), and between
+# 2 and 4 twice that. The two implementations compute the same sums of products, but
+# PyTorch's matmul and loss kernels may add the terms in another order, and each addition
+# rounds: the results differ in the last bit or two, a few times 1e-16. (The largest gap
+# sits on a gradient near 1.9: 3 units in its last place.) A wrong rule would show up as a
+# gap of order 0.01 or more; anything far above 1e-15 here is a bug, not rounding.
+#
+# One thing our tape does not do that PyTorch's does: free itself. PyTorch drops the
+# arrays saved for backward as soon as backward has used them (call `backward` twice on the
+# same graph and it refuses, unless the first call passed `retain_graph=True`).
+
+# %% [markdown]
+# ## 2. The graph PyTorch records
+#
+# PyTorch builds the same structure. A tensor computed from tensors that require gradients
+# has a `grad_fn`: the node that will run its backward rule. `grad_fn.next_functions` lists
+# the nodes of its inputs; a leaf with `requires_grad=True` appears as an `AccumulateGrad`
+# node, the one that writes `.grad`.
+#
+# **Predict.** `z = relu(x @ W1) @ w2` with `W1` and `w2` leaves. Walking from `z.grad_fn`,
+# which nodes do you meet, and in which order?
+
+
+# %%
+def print_graph(fn, depth=0):
+    """Print the backward graph under node fn, one node per line, indented by depth."""
+    print("  " * depth + type(fn).__name__)
+    for nxt, _ in fn.next_functions:
+        if nxt is not None:  # None: an input that needs no gradient (here x)
+            print_graph(nxt, depth + 1)
+
+
+def count_nodes(fn, seen=None):
+    """Distinct nodes reachable from fn (a node reached twice counts once)."""
+    seen = set() if seen is None else seen
+    if fn is None or fn in seen:
+        return 0
+    seen.add(fn)
+    return 1 + sum(count_nodes(nxt, seen) for nxt, _ in fn.next_functions)
+
+
+x1 = torch.tensor([[1.0, 0.0]])  # (1, 2), no gradient needed
+W1 = torch.tensor(XOR_PARAMS["W1"], dtype=torch.float32, requires_grad=True)  # (2, 2)
+w2 = torch.tensor(XOR_PARAMS["w2"], dtype=torch.float32, requires_grad=True)  # (2, 1)
+z = torch.relu(x1 @ W1) @ w2  # (1, 1)
+print_graph(z.grad_fn)
+
+# %% [markdown]
+# Output:
+# ```text
+# MmBackward0
+#   ReluBackward0
+#     MmBackward0
+#       AccumulateGrad
+#   AccumulateGrad
+# ```
+#
+# The graph is the forward pass read backwards: the last matmul first, its two inputs
+# below it (the ReLU, and `w2`'s accumulator), then the first matmul and `W1`'s
+# accumulator. `x1` does not require a gradient, so its slot in `next_functions` is `None`
+# and nothing is recorded for it.
+#
+# **Predict.** Apply one layer `h = relu(h @ W)` once, then three times in a Python loop.
+# How many distinct nodes does each graph have? And what is `grad_fn` under
+# `torch.no_grad()`?
+
+# %%
+W = torch.eye(2, requires_grad=True)  # (2, 2), one weight shared by every application
+graph_sizes = {}
+for repeats in (1, 3):
+    h = x1
+    for _ in range(repeats):
+        h = torch.relu(h @ W)  # (1, 2)
+    graph_sizes[repeats] = count_nodes(h.grad_fn)
+    print(f"layer applied {repeats}x: {graph_sizes[repeats]} nodes")
+with torch.no_grad():
+    h_nograd = torch.relu(x1 @ W)
+print(f"under no_grad: grad_fn {h_nograd.grad_fn}  requires_grad {h_nograd.requires_grad}")
+
+# %% [markdown]
+# Output:
+# ```text
+# layer applied 1x: 3 nodes
+# layer applied 3x: 7 nodes
+# under no_grad: grad_fn None  requires_grad False
+# ```
+#
+# Once: `ReluBackward0`, `MmBackward0`, and `W`'s `AccumulateGrad`. Three times: three of
+# each operation node but still one accumulator, because `W` is one leaf (its three
+# gradients meet there and add). The loop ran in ordinary Python and the graph records
+# what ran: had an `if` skipped a layer, the graph would lack it. That is "define by run",
+# and it is why the graph is rebuilt on every forward pass. Under `no_grad` nothing is
+# recorded: no node, no saved tensors, and the result does not require a gradient.
+
+# %% [markdown]
+# ## 3. Version counters, accumulation, gradcheck
+#
+# **Predict.** For `y = x * x` at `x = 3`, `dy/dx = 2x = 6`. To compute it, the `mul` node
+# saved `x`. What happens if we change `x` in place through a detached alias (lesson 01: a
+# detached tensor shares storage) before calling backward? And if we change a
+# `detach().clone()` instead?
+
+# %%
+x = torch.tensor([3.0], requires_grad=True)
+(x * x).backward()
+print(f"d(x^2)/dx at 3: {x.grad.item():.1f}")
+
+x = torch.tensor([3.0], requires_grad=True)
+y = x * x  # MulBackward0 saved x (at version 0)
+alias = x.detach()  # no gradient, same storage, same version counter
+alias.mul_(2)  # x now holds 6
+print(f"x {x.item():.1f}  version of x {x._version}, of the alias {alias._version}")
+try:
+    y.backward()
+except RuntimeError as err:
+    print(f"backward failed: {first_sentence(err)}")
+
+x = torch.tensor([3.0], requires_grad=True)
+y = x * x
+copy = x.detach().clone()  # new storage: writing it cannot touch what autograd saved
+copy.mul_(2)
+y.backward()
+print(f"after writing a detach().clone(): grad {x.grad.item():.1f}  version of x {x._version}")
+
+# %% [markdown]
+# Output:
+# ```text
+# d(x^2)/dx at 3: 6.0
+# x 6.0  version of x 1, of the alias 1
+# backward failed: one of the variables needed for gradient computation has been modified by an inplace operation: [torch.FloatTensor [1]] is at version 1; expected version 0 instead
+# after writing a detach().clone(): grad 6.0  version of x 0
+# ```
+#
+# Every tensor carries a version counter, shared with its views and with the results of
+# `detach()`, and bumped by each in-place write. A node records the version of each tensor
+# it saves; at backward it compares. Writing through
+# the alias made the saved `x` hold 6, which would have given the wrong gradient 12; the
+# counter turns that silent error into an exception. The full message goes on with a
+# hint to enable anomaly detection, which makes the error also show the forward line of
+# the operation whose input was overwritten. The clone has its own storage and counter,
+# so `x` stays at version 0 and the gradient is 6.
+#
+# **Predict.** Call backward on `x * x` twice without clearing `.grad`. What does `x.grad`
+# hold? And after `zero_grad(set_to_none=True)` on a module?
+
+# %%
+x = torch.tensor([3.0], requires_grad=True)
+for step in (1, 2):
+    (x * x).backward()  # a new graph each time; .grad is added to, never overwritten
+    print(f"after backward {step}: x.grad {x.grad.item():.1f}")
+layer = nn.Linear(3, 1)
+layer(torch.ones(1, 3)).sum().backward()
+print(f"before zero_grad: weight.grad {layer.weight.grad.tolist()}")
+layer.zero_grad(set_to_none=True)
+print(f"after zero_grad(set_to_none=True): weight.grad {layer.weight.grad}")
+
+# %% [markdown]
+# Output:
+# ```text
+# after backward 1: x.grad 6.0
+# after backward 2: x.grad 12.0
+# before zero_grad: weight.grad [[1.0, 1.0, 1.0]]
+# after zero_grad(set_to_none=True): weight.grad None
+# ```
+#
+# `.grad` is accumulated into, exactly like `p.grad + g` in our tape. Inside one backward
+# that is how a shared weight sums its uses; across backward calls it is how gradient
+# accumulation works (section 6), and a bug when you forget to clear it. `set_to_none=True`
+# (the default) drops the tensor instead of filling it with zeros: the next backward then
+# writes a fresh gradient instead of adding to zeros, and an optimizer skips parameters
+# whose `.grad` is `None`.
+#
+# **Predict.** `torch.autograd.gradcheck` compares the analytic gradient with finite
+# differences `(f(x + eps) - f(x - eps)) / 2eps`. Why does it want float64 inputs?
+
+# %%
+gen = torch.Generator().manual_seed(0)
+xc = torch.randn(4, 3, dtype=torch.float64, generator=gen, requires_grad=True)  # (4, 3)
+wc = torch.randn(3, 2, dtype=torch.float64, generator=gen, requires_grad=True)  # (3, 2)
+ok = torch.autograd.gradcheck(lambda a, b: torch.tanh(a @ b).sum(), (xc, wc))
+print(f"gradcheck of tanh(x @ w).sum(): {ok}")
+
+# %% [markdown]
+# Output:
+# ```text
+# gradcheck of tanh(x @ w).sum(): True
+# ```
+#
+# With `eps = 1e-6` (its default), float32 would ruin the difference: it resolves only
+# about 1e-7 relative, so `f(x + eps) - f(x - eps)`, a change of about 2e-6, would keep one
+# or two correct digits. In float64 the numerical derivative is good to ~1e-10 and gradcheck's
+# tolerances (`atol=1e-5`, `rtol=1e-3`) catch any real mistake in a backward rule.
+
+# %% [markdown]
+# ## 4. Custom `torch.autograd.Function`s
+#
+# When you want a backward rule of your own, subclass `torch.autograd.Function`: a
+# `forward` that computes the output and saves what backward needs with
+# `ctx.save_for_backward`, and a `backward` that gets the output's gradient and returns
+# one gradient per input. The tanh approximation of GELU,
+# `gelu(x) = 0.5·x·(1 + tanh(u))` with `u = sqrt(2/pi)·(x + 0.044715·x³)`, has the
+# derivative `0.5·(1 + tanh(u)) + 0.5·x·(1 - tanh(u)²)·sqrt(2/pi)·(1 + 3·0.044715·x²)`.
+
+# %%
+GELU_C = (2 / torch.pi) ** 0.5  # sqrt(2/pi)
+
+
+class TanhGELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)  # the input is enough to rebuild every factor
+        u = GELU_C * (x + 0.044715 * x**3)
+        return 0.5 * x * (1 + torch.tanh(u))
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        t = torch.tanh(GELU_C * (x + 0.044715 * x**3))
+        du = GELU_C * (1 + 3 * 0.044715 * x**2)  # du/dx
+        return grad_out * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du)
+
+
+xg = torch.linspace(-6, 6, 25, dtype=torch.float64, requires_grad=True)  # (25,)
+print(f"gradcheck TanhGELU: {torch.autograd.gradcheck(TanhGELU.apply, (xg,))}")
+ref = F.gelu(xg, approximate="tanh")
+print(f"forward gap to F.gelu(approximate='tanh'): {(TanhGELU.apply(xg) - ref).abs().max():.1e}")
+(g_ours,) = torch.autograd.grad(TanhGELU.apply(xg).sum(), xg)
+(g_ref,) = torch.autograd.grad(ref.sum(), xg)
+print(f"gradient gap: {(g_ours - g_ref).abs().max():.1e}")
+
+# %% [markdown]
+# Output:
+# ```text
+# gradcheck TanhGELU: True
+# forward gap to F.gelu(approximate='tanh'): 0.0e+00
+# gradient gap: 4.4e-16
+# ```
+#
+# gradcheck accepts our backward, and both forward and backward agree with PyTorch's
+# built-in tanh-GELU to rounding. Saving only `x` and recomputing `tanh` in backward is a
+# choice: saving `tanh(u)` too would spend memory to save a little compute, the same
+# trade-off that section 5 makes at the scale of a whole block.
+#
+# A custom backward does not even have to be the derivative. Rounding has derivative 0
+# almost everywhere, so a network that rounds (quantization-aware training) would learn
+# nothing through it. The *straight-through estimator* rounds in forward and pretends the
+# operation was the identity in backward.
+#
+# **Predict.** For `x = [0.2, 0.7, 1.4, -1.6]`, what gradient of `sum(3·round(x))` does
+# the straight-through estimator give, and what does PyTorch's own `round` give?
+
+
+# %%
+class RoundSTE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out  # pretend round(x) = x: the gradient passes through unchanged
+
+
+xs = torch.tensor([0.2, 0.7, 1.4, -1.6], requires_grad=True)  # (4,)
+(g_ste,) = torch.autograd.grad((3 * RoundSTE.apply(xs)).sum(), xs)
+(g_true,) = torch.autograd.grad((3 * torch.round(xs)).sum(), xs)
+print(f"forward {RoundSTE.apply(xs).tolist()}")
+print(f"straight-through gradient {g_ste.tolist()}")
+print(f"true gradient of round    {g_true.tolist()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# forward [0.0, 1.0, 1.0, -2.0]
+# straight-through gradient [3.0, 3.0, 3.0, 3.0]
+# true gradient of round    [0.0, 0.0, 0.0, 0.0]
+# ```
+#
+# The forward is a real rounding; the gradient is the one of `3·x`. The true gradient is
+# 0 everywhere (PyTorch's `round` backward returns zeros), which is correct and useless for
+# learning. The STE's gradient is "wrong" on purpose: it tells the weights below which
+# direction would help if the rounding were not there.
+
+# %% [markdown]
+# ## 5. Hooks, and the bytes autograd keeps
+#
+# Hooks let you look at, or change, what flows through the graph without rewriting the
+# model:
+#
+# - `tensor.register_hook(fn)`: `fn(grad)` runs when that tensor's gradient is computed;
+#   returning a tensor replaces the gradient.
+# - `module.register_forward_hook(fn)`: `fn(module, inputs, output)` runs after each forward.
+# - `module.register_full_backward_hook(fn)`: `fn(module, grad_input, grad_output)` runs
+#   when the gradients with respect to the module's inputs are computed.
+#
+# Each `register_*` returns a handle; `handle.remove()` unregisters it.
+#
+# **Predict.** A hook on `x` returns `grad * 10` for `y = (2·x).sum()`. What ends up in
+# `x.grad`? After `handle.remove()`, what does a second backward add?
+
+# %%
+x = torch.ones(3, requires_grad=True)
+handle = x.register_hook(lambda g: g * 10)  # edits the gradient before it is accumulated
+(2 * x).sum().backward()
+print(f"with the hook: x.grad {x.grad.tolist()}")
+handle.remove()
+x.grad = None
+(2 * x).sum().backward()
+print(f"hook removed:  x.grad {x.grad.tolist()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# with the hook: x.grad [20.0, 20.0, 20.0]
+# hook removed:  x.grad [2.0, 2.0, 2.0]
+# ```
+#
+# The true gradient 2 was multiplied by 10 before it reached `.grad`. Gradient clipping
+# per tensor, or logging gradient norms, are written this way.
+#
+# Now a small MLP: four residual blocks `h + Linear(GELU(Linear(h)))`, width 64, hidden
+# width 256, a batch of 32, float32.
+#
+# **Predict.** A forward hook on every block records its output's shape; a full backward
+# hook on the last block records the gradients' shapes. How many records of each after one
+# forward and backward?
+
+# %%
+D, HID, BATCH = 64, 256, 32
+
+
+def make_block():
+    return nn.Sequential(nn.Linear(D, HID), nn.GELU(), nn.Linear(HID, D))
+
+
+blocks = nn.ModuleList(make_block() for _ in range(4)).to(DEVICE)
+x_mlp = torch.randn(BATCH, D, device=DEVICE)  # (B, D)
+
+
+def mlp_loss(x, use_checkpoint=False):
+    """Mean square of the output of the residual blocks; optionally checkpoint each block."""
+    h = x  # (B, D)
+    for block in blocks:
+        # use_reentrant=False: the recommended variant (the default still warns in 2.13)
+        h = h + (checkpoint(block, h, use_reentrant=False) if use_checkpoint else block(h))
+    return h.pow(2).mean()
+
+
+acts, grads = [], []
+handles = [b.register_forward_hook(lambda m, inp, out: acts.append(tuple(out.shape))) for b in blocks]
+handles.append(blocks[-1].register_full_backward_hook(
+    lambda m, g_in, g_out: grads.append((tuple(g_in[0].shape), tuple(g_out[0].shape)))))
+mlp_loss(x_mlp).backward()
+print(f"forward hook records {acts}")
+print(f"backward hook records (grad_input, grad_output) shapes {grads}")
+for hd in handles:
+    hd.remove()
+mlp_loss(x_mlp).backward()
+print(f"after remove(): still {len(acts)} forward and {len(grads)} backward records")
+
+# %% [markdown]
+# Output:
+# ```text
+# forward hook records [(32, 64), (32, 64), (32, 64), (32, 64)]
+# backward hook records (grad_input, grad_output) shapes [((32, 64), (32, 64))]
+# after remove(): still 4 forward and 1 backward records
+# ```
+#
+# One forward record per block, one backward record for the hooked block; after
+# `remove()` the second pass adds nothing. (A full backward hook on a module whose input
+# needs no gradient, like the first block here, fires anyway but warns: there is no
+# `grad_input` to give it.)
+#
+# `torch.autograd.graph.saved_tensors_hooks(pack, unpack)` goes one level deeper: `pack`
+# sees every tensor an operation saves for backward, the moment it is saved. We count the
+# bytes of those tensors, leaving out the parameters: `Linear` saves its weight, but the
+# weight lives in the model anyway.
+#
+# **Predict.** Per block, the first `Linear` saves its (32, 64) input, GELU its (32, 256)
+# input, the second `Linear` the (32, 256) GELU output. How many bytes in all, with the
+# final `pow`'s input? And with activation checkpointing, which keeps only each checkpointed
+# block's input and recomputes the block during backward?
+
+
+# %%
+def saved_bytes(run):
+    """Bytes of distinct non-parameter storages saved for backward while run() executes,
+    and what run() returned."""
+    params = {p.untyped_storage().data_ptr() for p in blocks.parameters()}
+    kept = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            kept[s.data_ptr()] = s.nbytes()  # a storage saved twice counts once
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()
+    return sum(kept.values()), out
+
+
+def block_grads(loss):
+    """The blocks' parameter gradients from one backward of loss (cleared first)."""
+    blocks.zero_grad()
+    loss.backward()  # under checkpointing, this recomputes each block's forward
+    return [p.grad.clone() for p in blocks.parameters()]
+
+
+bytes_full, loss_full = saved_bytes(lambda: mlp_loss(x_mlp))
+bytes_ckpt, loss_ckpt = saved_bytes(lambda: mlp_loss(x_mlp, use_checkpoint=True))
+pairs = zip(block_grads(loss_full), block_grads(loss_ckpt))
+ckpt_gap = max((a - b).abs().max().item() for a, b in pairs)
+print(f"saved for backward: {bytes_full} bytes without checkpointing")
+print(f"saved for backward: {bytes_ckpt} bytes with checkpointing ({bytes_full / bytes_ckpt:.1f}x less)")
+print(f"largest gradient difference: {ckpt_gap:.1e}")
+
+# %% [markdown]
+# Output:
+# ```text
+# saved for backward: 303104 bytes without checkpointing
+# saved for backward: 40960 bytes with checkpointing (7.4x less)
+# largest gradient difference: 0.0e+00
+# ```
+#
+# Without checkpointing: 4 blocks × (32·64 + 2·32·256) floats × 4 bytes = 294,912 bytes,
+# plus 8,192 for the input of `pow`. With checkpointing, each block keeps only its (32, 64)
+# input, 8,192 bytes, and so does `pow`: 5 × 8,192. The price is a second forward of every
+# block during backward (more compute, the same result: the gradients are bit-identical
+# here because the recomputation runs the same kernels on the same inputs). The count is
+# what `pack` sees: on a GPU, peak memory also depends on when tensors are freed.
+#
+# `checkpoint` has two implementations, chosen by `use_reentrant`. We passed `False`, the
+# one PyTorch recommends.
+#
+# **Predict.** The first block's input `x_mlp` needs no gradient, only the block's
+# weights do. What does each variant give, and what happens if you leave the argument out?
+
+
+# %%
+def checkpointed_first_block(**kwargs):
+    """Whether the checkpointed first block's output needs a gradient, and the warnings."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = checkpoint(blocks[0], x_mlp, **kwargs)  # (B, D)
+    return out.requires_grad, [". ".join(str(w.message).split(". ")[:2]) for w in caught]
+
+
+for kwargs in ({"use_reentrant": False}, {"use_reentrant": True}, {}):
+    needs_grad, messages = checkpointed_first_block(**kwargs)
+    print(f"{kwargs or 'argument left out'}: output requires_grad {needs_grad}")
+    for m in messages:
+        print(f"  warning: {m}")
+
+# %% [markdown]
+# Output:
+# ```text
+# {'use_reentrant': False}: output requires_grad True
+# {'use_reentrant': True}: output requires_grad False
+#   warning: None of the inputs have requires_grad=True. Gradients will be None
+# argument left out: output requires_grad False
+#   warning: torch.utils.checkpoint: the use_reentrant parameter should be passed explicitly. Starting in PyTorch 2.9, calling checkpoint without use_reentrant will raise an exception
+#   warning: None of the inputs have requires_grad=True. Gradients will be None
+# ```
+#
+# The reentrant variant runs the block under `no_grad` and replays it inside its own
+# backward node, which it only builds when an *input* requires a gradient: here none does,
+# so the output is cut from the graph and the block's weights would silently get no
+# gradient (the warning is all you get). The non-reentrant variant records the block
+# normally and only swaps what autograd saves, through saved-tensor hooks of its own, so
+# it works here. Leaving the argument out still picks the reentrant variant in 2.13.0 and
+# warns. The warning's claim that PyTorch 2.9 would raise an exception is out of date: 2.13.0
+# still only warns (a `UserWarning`). Always write `use_reentrant=False`.
+
+
+# %%
+def plot_saved_bytes(counts):
+    """Bar chart of bytes saved for backward, one bar per configuration."""
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    names, values = list(counts), [counts[n] / 1024 for n in counts]
+    bars = ax.bar(names, values, color=["tab:red", "tab:blue", "tab:gray"][: len(names)])
+    ax.bar_label(bars, labels=[f"{v:.0f} KiB" for v in values])
+    ax.set_ylabel("saved for backward (KiB)")
+    ax.set_title(f"4-block MLP, batch {BATCH}: what autograd keeps")
+    ax.set_ylim(0, max(values) * 1.2)
+    fig.tight_layout()
+    return fig
+
+
+with torch.no_grad():
+    bytes_nograd, _ = saved_bytes(lambda: mlp_loss(x_mlp))
+SAVED = {"full graph": bytes_full, "checkpointed": bytes_ckpt, "no_grad": bytes_nograd}
+fig = plot_saved_bytes(SAVED)
+fig.savefig(HERE / "saved_bytes.png", dpi=100)
+print(f"no_grad: {bytes_nograd} bytes saved")
+
+# %% [markdown]
+# Output:
+# ```text
+# no_grad: 0 bytes saved
+# ```
+#
+# Under `no_grad` nothing is recorded, so nothing is saved: that is why inference should
+# run under `no_grad` (or `inference_mode`). Training keeps the whole left bar alive from
+# the forward pass until backward reaches each node; checkpointing shrinks it to the block
+# boundaries.
+
+# %% [markdown]
+# ## 6. Gradient accumulation with uneven micro-batches
+#
+# A batch too large for memory is split into micro-batches: run backward on each, let
+# `.grad` accumulate, step once. With language models the loss is a mean over *tokens*,
+# and micro-batches rarely hold the same number of tokens.
+#
+# **Predict.** Four micro-batches hold 3, 7, 2 and 12 tokens. The full-batch loss is the
+# mean over all 24 tokens. If each micro-batch's loss is its own mean, and we divide each
+# by 4 before backward, do we get the full-batch gradient? What weight should each
+# micro-batch's mean loss get instead?
+
+# %%
+COUNTS = [3, 7, 2, 12]
+gen = torch.Generator().manual_seed(1)
+feats = torch.randn(sum(COUNTS), 8, dtype=torch.float64, generator=gen)  # (T, F): one row per token
+targets = torch.randn(sum(COUNTS), dtype=torch.float64, generator=gen)  # (T,)
+w_true = torch.randn(8, dtype=torch.float64, generator=gen)  # (F,)
+
+
+def token_loss(w, rows):
+    """Mean squared error over the tokens in rows."""
+    return ((feats[rows] @ w - targets[rows]) ** 2).mean()
+
+
+def accumulated_grad(weight_of):
+    """Backward on each micro-batch's mean loss times weight_of(count), summed in .grad."""
+    w = w_true.clone().requires_grad_()
+    start = 0
+    for n in COUNTS:
+        (token_loss(w, slice(start, start + n)) * weight_of(n)).backward()
+        start += n
+    return w.grad
+
+
+w = w_true.clone().requires_grad_()
+token_loss(w, slice(None)).backward()
+g_full = w.grad  # (F,)
+g_tokens = accumulated_grad(lambda n: n / sum(COUNTS))  # weight = share of the tokens
+g_means = accumulated_grad(lambda n: 1 / len(COUNTS))  # weight = share of the micro-batches
+gap_tokens = (g_tokens - g_full).abs().max().item()
+gap_means = (g_means - g_full).abs().max().item()
+print(f"micro-batch token counts {COUNTS}")
+print(f"token-weighted accumulation: largest gap to full batch {gap_tokens:.1e}")
+print(f"mean of micro-batch means:   largest gap to full batch {gap_means:.1e}")
+
+# %% [markdown]
+# Output:
+# ```text
+# micro-batch token counts [3, 7, 2, 12]
+# token-weighted accumulation: largest gap to full batch 8.9e-16
+# mean of micro-batch means:   largest gap to full batch 1.7e+00
+# ```
+#
+# The full-batch loss is `(1/24)·Σ over tokens`, which is `Σ_i (n_i/24)·mean_i`: weighting
+# each micro-batch's mean by its share of tokens reproduces it exactly, up to the order of
+# the float64 additions. Averaging the four means instead gives each of the 2 tokens of
+# micro-batch 3 six times the weight of each of the 12 tokens of micro-batch 4: a
+# different loss, so a different gradient, by far more than rounding. In practice, divide
+# each micro-batch's summed loss by the total token count of the whole accumulated batch
+# (count the tokens first, or all-reduce the count across ranks).
+
+# %% [markdown]
+# ## Summary
+#
+# - Autograd is a tape: each operation records its inputs and a backward rule; `backward`
+#   visits the nodes in reverse topological order, sums the gradients of a tensor used
+#   twice, and un-broadcasts gradients to the shapes of the inputs. Our 60-line NumPy tape
+#   matches PyTorch to a few float64 ulps.
+# - PyTorch's graph is walkable (`grad_fn`, `next_functions`, `AccumulateGrad` for leaves),
+#   rebuilt on every forward pass, and not recorded under `no_grad`.
+# - Saved tensors are guarded by version counters: an in-place write to one (even through a
+#   detached alias) makes backward raise. `.grad` accumulates; `zero_grad(set_to_none=True)`
+#   clears it. `gradcheck` in float64 checks a backward against finite differences.
+# - `torch.autograd.Function` lets you write the backward yourself: a tanh-GELU, or a
+#   straight-through estimator that is deliberately not the derivative.
+# - Hooks observe or edit gradients and activations; `saved_tensors_hooks` shows what
+#   autograd keeps (here 296 KiB for a small MLP, 40 KiB with checkpointing).
+# - Accumulate micro-batch gradients with token weights, not as a mean of means.
+#
+# ## Exercises
+#
+# Open `exercises.py` in this folder and implement:
+#
+# 1. `unbroadcast(grad, shape)` and the `Tensor` tape (`+` with broadcasting, `@`, `relu`,
+#    `bce_with_logits`, `backward`), without looking back at section 1. The tests compare
+#    your gradients with PyTorch's on random networks with leading-dimension and size-1
+#    broadcasting and a tensor used twice.
+# 2. `gelu_tanh(x)` and `gelu_tanh_backward(x, grad_out)` on NumPy arrays, checked against
+#    `F.gelu(approximate="tanh")` and its gradient from x = -50 to 50.
+# 3. `combine_microbatch_grads(grads, counts)`: the full-batch mean gradient from
+#    per-micro-batch mean gradients and their token counts (some counts may be 0).
+#
+# Check your answers with `make exercises N=03`; `solutions.py` has one way to write them.

@@ -1,0 +1,410 @@
+"""Tests of lesson 03: documented outputs, the lesson's key values (tape vs PyTorch, graph
+sizes, version counters, custom Functions, hooks, saved bytes, accumulation), its figure, and
+the exercises (against PyTorch on random cases)."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def test_script_outputs(lesson):
+    lesson.check()
+
+
+def test_notebook_outputs(lesson_notebook):
+    lesson_notebook.check()
+
+
+# ----------------------------------------------------------------------------------------
+# Key values of the lesson, read from the namespace the script left behind
+
+
+def test_xor_worked_example(lesson):
+    ns = lesson.ns
+    loss, grads = ns["xor_ours"](ns["XOR_PARAMS"])
+    loss_ref, grads_ref = ns["xor_torch"](ns["XOR_PARAMS"])
+    assert round(loss, 4) == round(loss_ref, 4) == 0.4932
+    for k in grads:
+        assert grads[k].shape == ns["XOR_PARAMS"][k].shape
+        np.testing.assert_array_equal(grads[k], grads_ref[k])  # the lesson prints a 0 gap
+    # the hand-derived values of the worked example
+    assert np.round(grads["W1"], 4).ravel().tolist() == [-0.2726, 0.0, 0.0, 0.0]
+    assert np.round(grads["b1"], 4).tolist() == [-0.2726, 0.0]
+    assert np.round(grads["w2"], 4).ravel().tolist() == [-0.1947, 0.0]
+    assert np.round(grads["b2"], 4).tolist() == [-0.3894]
+
+
+def test_random_networks_agree_to_rounding(lesson):
+    gap = lesson.ns["gap_random"]
+    assert 0 < gap < 1e-14  # a few float64 ulps, not zero (so the comparison is real)
+    assert lesson.ns["largest_gap"](n_cases=30, seed=1) < 1e-14
+
+
+def test_lesson_tape_passes_the_exercise_checks(lesson):
+    for case in range(40):
+        check_tape(lesson.ns["Tensor"], np.random.default_rng(100 + case))
+    check_deep_chain(lesson.ns["Tensor"])
+
+
+def test_recorded_graph(lesson):
+    ns = lesson.ns
+    assert ns["graph_sizes"] == {1: 3, 3: 7}
+    assert ns["h_nograd"].grad_fn is None and not ns["h_nograd"].requires_grad
+    names = []
+
+    def walk(fn):
+        names.append(type(fn).__name__)
+        for nxt, _ in fn.next_functions:
+            if nxt is not None:
+                walk(nxt)
+
+    walk(ns["z"].grad_fn)
+    assert names == ["MmBackward0", "ReluBackward0", "MmBackward0", "AccumulateGrad", "AccumulateGrad"]
+
+
+def test_version_counter(lesson):
+    ns = lesson.ns
+    assert ns["alias"]._version == 1 and ns["copy"]._version == 1
+    x = torch.tensor([3.0], requires_grad=True)
+    y = x * x
+    x.detach().add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_gelu_function_and_ste(lesson):
+    ns = lesson.ns
+    x = torch.linspace(-8, 8, 101, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(ns["TanhGELU"].apply, (x,))
+    torch.testing.assert_close(ns["g_ours"], ns["g_ref"], rtol=1e-12, atol=1e-14)
+    assert ns["g_ste"].tolist() == [3.0] * 4 and ns["g_true"].tolist() == [0.0] * 4
+    assert ns["RoundSTE"].apply(ns["xs"]).tolist() == [0.0, 1.0, 1.0, -2.0]
+
+
+def test_hooks(lesson):
+    ns = lesson.ns
+    B, D = ns["BATCH"], ns["D"]
+    assert ns["acts"] == [(B, D)] * len(ns["blocks"])
+    assert ns["grads"] == [((B, D), (B, D))]
+    assert not ns["blocks"][-1]._forward_hooks and not ns["blocks"][-1]._backward_hooks
+
+
+def test_saved_bytes(lesson):
+    ns = lesson.ns
+    B, D, HID, n = ns["BATCH"], ns["D"], ns["HID"], len(ns["blocks"])
+    per_block = (B * D + 2 * B * HID) * 4  # Linear input, GELU input, GELU output: float32
+    assert ns["bytes_full"] == n * per_block + B * D * 4  # + the input of pow
+    assert ns["bytes_ckpt"] == (n + 1) * B * D * 4  # each block's input + the input of pow
+    assert ns["bytes_nograd"] == 0 and ns["ckpt_gap"] == 0
+
+
+def test_reentrant_checkpoint_cuts_the_graph(lesson):
+    run = lesson.ns["checkpointed_first_block"]
+    assert run(use_reentrant=False) == (True, [])
+    needs_grad, messages = run(use_reentrant=True)
+    assert not needs_grad and any("Gradients will be None" in m for m in messages)
+    assert any("use_reentrant parameter should be passed explicitly" in m for m in run()[1])
+
+
+def test_figure_shows_saved_bytes(lesson):
+    ns = lesson.ns
+    fig = ns["plot_saved_bytes"](ns["SAVED"])
+    (ax,) = fig.get_axes()
+    heights = [p.get_height() for p in ax.patches]
+    assert heights == [v / 1024 for v in ns["SAVED"].values()]
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(ns["SAVED"])
+    assert [t.get_text() for t in ax.texts] == [f"{v / 1024:.0f} KiB" for v in ns["SAVED"].values()]
+    assert "KiB" in ax.get_ylabel()
+    assert (ns["HERE"] / "saved_bytes.png").is_file()
+
+
+def test_token_weighted_accumulation(lesson):
+    ns = lesson.ns
+    assert ns["gap_tokens"] < 1e-13 < 0.1 < ns["gap_means"]
+    assert ns["COUNTS"] == [3, 7, 2, 12]
+
+
+# ----------------------------------------------------------------------------------------
+# Exercise: the NumPy tape, against PyTorch's autograd
+
+
+def torch_unbroadcast(grad, shape):
+    """PyTorch's answer: the gradient of sum(grad * broadcast(t)) with respect to t."""
+    t = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+    (torch.broadcast_to(t, grad.shape) * torch.from_numpy(grad)).sum().backward()
+    return t.grad.numpy()
+
+
+UNBROADCAST_CASES = {
+    "same": ((2, 3), (2, 3)),
+    "leading": ((4, 3), (3,)),
+    "two-leading": ((2, 4, 3), (3,)),
+    "size-1-last": ((4, 3), (4, 1)),
+    "size-1-first": ((4, 3), (1, 3)),
+    "both": ((2, 4, 3), (4, 1)),
+    "size-1-and-leading": ((5, 2, 4, 3), (1, 4, 1)),
+    "to-scalar": ((2, 3), ()),
+    "to-1": ((2, 3), (1,)),
+    "keeps-size-1": ((3, 1), (3, 1)),
+    "scalar-grad": ((), ()),
+}
+
+
+@pytest.mark.exercise("unbroadcast")
+@pytest.mark.parametrize("case", UNBROADCAST_CASES.values(), ids=UNBROADCAST_CASES.keys())
+def test_unbroadcast_hand_picked(exercise_module, case):
+    grad_shape, shape = case
+    grad = np.random.default_rng(0).normal(size=grad_shape)
+    before = grad.copy()
+    got = exercise_module.unbroadcast(grad, shape)
+    assert np.shape(got) == shape, f"shape {np.shape(got)}, expected {shape}"
+    np.testing.assert_allclose(got, torch_unbroadcast(grad, shape), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(grad, before)  # the input is left alone
+
+
+def random_broadcast_pair(rng):
+    """(grad shape, input shape): the input drops some leading dims and sets some to 1."""
+    out = tuple(int(n) for n in rng.integers(1, 5, size=rng.integers(0, 5)))
+    keep = rng.integers(0, len(out) + 1)
+    shape = tuple(1 if rng.random() < 0.4 else n for n in out[len(out) - keep :])
+    return out, shape
+
+
+@pytest.mark.exercise("unbroadcast")
+def test_unbroadcast_random(exercise_module):
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        grad_shape, shape = random_broadcast_pair(rng)
+        grad = rng.normal(size=grad_shape)
+        got = exercise_module.unbroadcast(grad, shape)
+        assert np.shape(got) == shape, (grad_shape, shape)
+        np.testing.assert_allclose(got, torch_unbroadcast(grad, shape), rtol=1e-12, atol=1e-12,
+                                   err_msg=f"grad {grad_shape} -> {shape}")
+
+
+def torch_bce(z, y):
+    return F.binary_cross_entropy_with_logits(z, torch.from_numpy(y))
+
+
+def tape_bce(z, y):
+    return z.bce_with_logits(y)
+
+
+def network(leaf, bce, c):
+    """One random-shaped network, written once for both tapes: `leaf` makes a leaf tensor.
+
+    Uses: leading-dim and size-1 broadcasting in both directions, a weight used twice, an
+    activation read by two paths of different lengths, and a 3-D result.
+    """
+    x, W, b, V, c3, u = (leaf(c[k]) for k in ("x", "W", "b", "V", "c3", "u"))
+    h = (x @ W + b).relu()  # (N, K): b is one of (K,), (1, K), (N, 1), (1, 1), ()
+    h2 = (h @ W + b).relu()  # W and b used twice
+    s = h2 @ V + (h @ V).relu()  # h read by two paths: (N, M)
+    out = s + c3  # c3 (L, 1, M) or (L, N, 1): (L, N, M)
+    return bce(out + u, c["y"]), [x, W, b, V, c3, u]  # u: (M,) or (1, 1, 1)
+
+
+def random_network_case(rng):
+    N, K, M, L = (int(n) for n in rng.integers(1, 5, size=4))
+    bias = [(K,), (1, K), (N, 1), (1, 1), ()][rng.integers(5)]
+    c3 = [(L, 1, M), (L, N, 1), (1, N, M)][rng.integers(3)]
+    u = [(M,), (1, 1, 1), (1, M)][rng.integers(3)]
+    c = {"x": rng.normal(size=(N, K)), "W": rng.normal(size=(K, K)) / K**0.5,
+         "b": np.asarray(rng.normal(size=bias)), "V": rng.normal(size=(K, M)), "c3": rng.normal(size=c3),
+         "u": rng.normal(size=u)}
+    out = np.broadcast_shapes((N, M), c3, u)  # (L, N, M) or (1, N, M)
+    c["y"] = rng.integers(0, 2, size=out).astype(np.float64)
+    return c
+
+
+def check_tape(Tensor, rng, case=None):
+    """Loss and every leaf gradient of Tensor's tape equal PyTorch's on one random network."""
+    c = random_network_case(rng) if case is None else case
+    loss, ours = network(Tensor, tape_bce, c)
+    loss.backward()
+    ref, theirs = network(lambda a: torch.tensor(a, requires_grad=True), torch_bce, c)
+    ref.backward()
+    shapes = {k: c[k].shape for k in ("x", "W", "b", "V", "c3", "u")}
+    assert np.shape(loss.data) == () and abs(float(loss.data) - ref.item()) < 1e-12, shapes
+    for name, a, b in zip(shapes, ours, theirs):
+        assert a.grad is not None and np.shape(a.grad) == tuple(b.shape), (name, shapes)
+        np.testing.assert_allclose(a.grad, b.grad.numpy(), rtol=1e-10, atol=1e-12,
+                                   err_msg=f"gradient of {name}, shapes {shapes}")
+
+
+def check_deep_chain(Tensor, depth=3000):
+    """A chain deeper than Python's recursion limit: one bias added 3000 times."""
+    b = Tensor(np.array([1e-3]))  # (1,)
+    h = Tensor(np.zeros((2, 1)))  # (2, 1)
+    for _ in range(depth):
+        h = h + b  # b broadcast to (2, 1), and used 3000 times
+    h.bce_with_logits(np.ones((2, 1))).backward()  # logits 3.0, labels 1
+    sigmoid = 1 / (1 + np.exp(-depth * 1e-3))
+    np.testing.assert_allclose(b.grad, [depth * (sigmoid - 1)], rtol=1e-9)  # 2 rows / mean of 2
+
+
+@pytest.mark.exercise("Tensor")
+def test_tensor_xor_worked_example(exercise_module):
+    T = exercise_module.Tensor
+    x, y = np.array([[1.0, 0.0]]), np.array([[1.0]])
+    W1, b1 = T([[0.5, -0.4], [0.3, 0.8]]), T([0.0, 0.1])
+    w2, b2 = T([[0.7], [-0.6]]), T([0.1])
+    loss = ((T(x) @ W1 + b1).relu() @ w2 + b2).bce_with_logits(y)
+    loss.backward()
+    assert round(float(loss.data), 4) == 0.4932
+    theirs = [torch.tensor(t.data, requires_grad=True) for t in (W1, b1, w2, b2)]
+    h = torch.relu(torch.tensor(x) @ theirs[0] + theirs[1])
+    torch_bce(h @ theirs[2] + theirs[3], y).backward()
+    for ours, ref in zip((W1, b1, w2, b2), theirs):
+        np.testing.assert_allclose(ours.grad, ref.grad.numpy(), rtol=1e-12, atol=1e-15)
+    assert round(float(W1.grad[0, 0]), 4) == -0.2726 and round(float(b2.grad[0]), 4) == -0.3894
+
+
+@pytest.mark.exercise("Tensor")
+def test_tensor_matches_torch_on_random_networks(exercise_module):
+    rng = np.random.default_rng(2)
+    for _ in range(150):
+        check_tape(exercise_module.Tensor, rng)
+
+
+@pytest.mark.exercise("Tensor")
+def test_tensor_relu_gradient_at_zero(exercise_module):
+    """An exactly-zero pre-activation gets gradient 0, as in PyTorch."""
+    T = exercise_module.Tensor
+    x, W = T(np.array([[1.0, -1.0]])), T(np.array([[1.0], [1.0]]))  # x @ W == 0 exactly
+    v = T(np.array([[2.0]]))
+    ((x @ W).relu() @ v).bce_with_logits(np.array([[1.0]])).backward()
+    assert W.grad.tolist() == [[0.0], [0.0]]
+    assert v.grad.tolist() == [[0.0]]  # relu(0) = 0 feeds v
+
+
+@pytest.mark.exercise("Tensor")
+@pytest.mark.parametrize("scale", [30.0, 100.0, 1000.0])
+def test_tensor_bce_large_logits(exercise_module, scale):
+    """Logits of ±30, ±100 and ±1000 with both labels: finite loss and gradient, equal to PyTorch's."""
+    z = np.array([[scale, -scale], [-scale, scale]])  # (2, 2)
+    y = np.array([[1.0, 1.0], [0.0, 0.0]])
+    t = exercise_module.Tensor(z)
+    loss = t.bce_with_logits(y)
+    loss.backward()
+    zt = torch.tensor(z, requires_grad=True)
+    ref = torch_bce(zt, y)
+    ref.backward()
+    assert np.isfinite(loss.data) and abs(float(loss.data) - ref.item()) < 1e-9 * scale
+    np.testing.assert_allclose(t.grad, zt.grad.numpy(), rtol=1e-9, atol=1e-15)
+
+
+# ----------------------------------------------------------------------------------------
+# Exercise: tanh-GELU and its backward, against F.gelu(approximate="tanh")
+
+
+def gelu_inputs():
+    rng = np.random.default_rng(3)
+    wide = np.linspace(-50, 50, 4001)  # step 0.025: covers the bend around 0 densely
+    extremes = np.array([0.0, 1e-8, -1e-8, 1e-3, -1e-3, 7.5, -7.5, 1e3, -1e3, 1e4, -1e4])
+    return np.concatenate([wide, extremes, 3 * rng.normal(size=500)])
+
+
+@pytest.mark.exercise("gelu_tanh")
+def test_gelu_tanh_matches_torch(exercise_module):
+    x = gelu_inputs()
+    got = exercise_module.gelu_tanh(x)
+    ref = F.gelu(torch.from_numpy(x), approximate="tanh").numpy()
+    assert got.shape == x.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-13)
+    m = x.reshape(-1, 4)[:10]  # any shape
+    assert exercise_module.gelu_tanh(m).shape == m.shape
+
+
+@pytest.mark.exercise("gelu_tanh_backward")
+def test_gelu_tanh_backward_matches_torch(exercise_module):
+    x = gelu_inputs()
+    grad_out = np.random.default_rng(4).normal(size=x.shape)  # not ones: must be multiplied in
+    xt = torch.tensor(x, requires_grad=True)
+    (ref,) = torch.autograd.grad(F.gelu(xt, approximate="tanh"), xt, torch.from_numpy(grad_out))
+    before = (x.copy(), grad_out.copy())
+    got = exercise_module.gelu_tanh_backward(x, grad_out)
+    assert got.shape == x.shape
+    np.testing.assert_allclose(got, ref.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(x, before[0])
+    np.testing.assert_array_equal(grad_out, before[1])
+
+
+@pytest.mark.exercise("gelu_tanh_backward")
+def test_gelu_tanh_backward_2d(exercise_module):
+    x = np.linspace(-4, 4, 24).reshape(4, 6)
+    g = np.full((4, 6), 2.0)
+    xt = torch.tensor(x, requires_grad=True)
+    (ref,) = torch.autograd.grad((2 * F.gelu(xt, approximate="tanh")).sum(), xt)
+    np.testing.assert_allclose(exercise_module.gelu_tanh_backward(x, g), ref.numpy(), rtol=1e-10)
+
+
+# ----------------------------------------------------------------------------------------
+# Exercise: combining micro-batch gradients
+
+
+def microbatches(rng, counts, shape):
+    """Per-token gradients, their full-batch mean, and per-micro-batch means (NaN if empty)."""
+    per_token = rng.normal(size=(sum(counts), *shape))  # (T, *shape)
+    bounds = np.cumsum([0, *counts])
+    means = [per_token[a:b].mean(0) if b > a else np.full(shape, np.nan)
+             for a, b in zip(bounds[:-1], bounds[1:])]
+    return per_token.mean(0), means
+
+
+COUNT_CASES = {
+    "issue": [3, 7, 2, 12],
+    "one": [5],
+    "equal": [4, 4, 4],
+    "zero-first": [0, 3, 9],
+    "zero-middle": [6, 0, 1],
+    "zero-last": [2, 5, 0],
+    "only-one-nonzero": [0, 0, 7, 0],
+    "skewed": [1, 100],
+}
+
+
+@pytest.mark.exercise("combine_microbatch_grads")
+@pytest.mark.parametrize("counts", COUNT_CASES.values(), ids=COUNT_CASES.keys())
+def test_combine_hand_picked(exercise_module, counts):
+    full, means = microbatches(np.random.default_rng(5), counts, (3, 2))
+    kept = [m.copy() for m in means]
+    got = exercise_module.combine_microbatch_grads(means, list(counts))
+    assert np.shape(got) == (3, 2)
+    np.testing.assert_allclose(got, full, rtol=1e-12, atol=1e-14)
+    for m, k in zip(means, kept):
+        np.testing.assert_array_equal(m, k)  # inputs unchanged (NaN == NaN here)
+
+
+@pytest.mark.exercise("combine_microbatch_grads")
+def test_combine_random(exercise_module):
+    rng = np.random.default_rng(6)
+    for _ in range(200):
+        counts = [int(n) for n in rng.integers(0, 13, size=rng.integers(1, 7))]
+        if sum(counts) == 0:
+            counts[0] = 1
+        shape = tuple(int(n) for n in rng.integers(1, 4, size=rng.integers(0, 3)))
+        full, means = microbatches(rng, counts, shape)
+        got = exercise_module.combine_microbatch_grads(means, counts)
+        np.testing.assert_allclose(got, full, rtol=1e-12, atol=1e-14, err_msg=f"counts {counts}")
+
+
+@pytest.mark.exercise("combine_microbatch_grads")
+def test_combine_with_torch_autograd(exercise_module):
+    """Real mean-loss gradients from PyTorch; an empty micro-batch gives zeros, not NaN, there."""
+    counts = [3, 7, 0, 2, 12]
+    gen = torch.Generator().manual_seed(0)
+    feats = torch.randn(sum(counts), 5, dtype=torch.float64, generator=gen)  # (T, F)
+    target = torch.randn(sum(counts), dtype=torch.float64, generator=gen)  # (T,)
+    w0 = torch.randn(5, dtype=torch.float64, generator=gen)  # (F,)
+
+    def grad(rows):
+        w = w0.clone().requires_grad_()
+        ((feats[rows] @ w - target[rows]) ** 2).mean().backward()
+        return w.grad.numpy()
+
+    bounds = np.cumsum([0, *counts])
+    means = [grad(slice(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    got = exercise_module.combine_microbatch_grads(means, counts)
+    np.testing.assert_allclose(got, grad(slice(None)), rtol=1e-12, atol=1e-14)
