@@ -1,0 +1,339 @@
+"""Tests of lesson 04: documented outputs, the lesson's key values (registries, the list bug,
+tied weights, the three switches, the leak and its figure, padding, worker seeding), and the
+exercises (a registry against nn.Module, batches against PyTorch's samplers, pad_collate)."""
+
+import random
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+
+def test_script_outputs(lesson):
+    lesson.check()
+
+
+def test_notebook_outputs(lesson_notebook):
+    lesson_notebook.check()
+
+
+# ----------------------------------------------------------------------------------------
+# Key values of the lesson, read from the namespace the script left behind
+
+
+def test_setattr_sorts_values(lesson):
+    tiny = lesson.ns["tiny"]
+    assert list(tiny._parameters) == ["scale"] and list(tiny._modules) == ["lin"]
+    assert list(tiny._buffers) == ["steps", "mask"] and "note" in tiny.__dict__
+    assert list(tiny.state_dict()) == ["scale", "steps", "lin.weight", "lin.bias"]
+
+
+def test_plain_list_hides_layers(lesson):
+    ns = lesson.ns
+    plain, fixed, count = ns["plain"], ns["fixed"], ns["count"]
+    assert count(plain.parameters()) == count(plain.head.parameters())
+    everything = count(plain.head.parameters()) + sum(count(m.parameters()) for m in plain.layers)
+    assert count(fixed.parameters()) == everything == 85
+    assert all(not k.startswith("layers") for k in plain.state_dict())
+    assert len(fixed.state_dict()) == 2 * (len(fixed.layers) + 1)
+    # after the lesson's .to(float64): the hidden list layers were left behind
+    assert plain.layers[0].weight.dtype == torch.float32 and plain.head.weight.dtype == torch.float64
+    assert all(p.dtype == torch.float64 for p in fixed.parameters())
+    torch.manual_seed(1)
+    xb = torch.randn(8, 4)
+    step = ns["step_moves_first_layer"]
+    assert step(ns["Stack"](wrap=list), xb) == (True, False)  # a gradient, but no update
+    assert step(ns["Stack"](wrap=nn.ModuleList), xb) == (True, True)
+
+
+def test_tied_weights_and_strict_loading(lesson):
+    ns = lesson.ns
+    lm = ns["TinyLM"]()
+    assert len(list(lm.parameters())) == 1 and lm.head.weight is lm.emb.weight
+    assert list(lm.state_dict()) == ["emb.weight", "head.weight"]
+    assert [n for n, _ in lm.named_buffers()] == ["causal"]
+    with pytest.raises(RuntimeError, match=r'(?s)Missing key.*"head.weight".*Unexpected key.*"extra.bias"'):
+        lm.load_state_dict(ns["bad"])
+    assert (lm.emb.weight == 0).all()  # the matching key was copied before the error
+
+
+def test_three_switches_table(lesson):
+    rows = lesson.ns["rows"]
+    assert len(rows) == 6
+    for label, row in rows.items():
+        mode, ctx = label.split(" + ")
+        assert row["same output twice"] == (mode == "eval"), label
+        assert row["running_mean moved"] == (mode == "train"), label
+        assert row["output has grad_fn"] == (ctx == "grad"), label
+        assert row["inference tensor"] == (ctx == "inference_mode"), label
+
+
+def test_leak_counts(lesson):
+    leak = lesson.ns["leak"]
+    nodes = [n for n, _ in leak["train"]]
+    assert [b - a for a, b in zip(nodes, nodes[1:])] == [7] * 4  # one step's graph per step
+    assert [n for n, _ in leak["eval"]] == nodes
+    assert all(b == 0 for _, b in leak["train"]) and leak["item"] == [(0, 0)] * 5
+    saved = [b for _, b in leak["eval"]]
+    per_step = 32 * 64 * 4 + 32 * 1 * 4  # hidden activation + prediction, float32
+    assert [b - a for a, b in zip(saved, saved[1:])] == [per_step] * 4
+    a = torch.ones(2, requires_grad=True)
+    stats = lesson.ns["graph_stats"]
+    assert stats(a.sum()) == (2, 0)  # SumBackward0 + AccumulateGrad, nothing saved
+    assert stats(a * a) == (2, 8)  # self and other: one storage of 2 floats, counted once
+    assert stats(a) == stats(1.5) == (0, 0)
+
+
+def test_leak_figure(lesson):
+    ns = lesson.ns
+    leak = ns["leak"]
+    fig = ns["plot_leak"](leak)
+    left, right = fig.get_axes()
+    assert [line.get_label() for line in left.lines] == [ns["LABELS"][k] for k in leak]
+    for line, stats in zip(left.lines, leak.values()):
+        assert list(line.get_ydata()) == [n for n, _ in stats]
+    for line, stats in zip(right.lines, leak.values()):
+        assert list(line.get_ydata()) == [b / 1024 for _, b in stats]
+    assert left.get_xlabel() == "step" and "KiB" in right.get_ylabel()
+    assert (ns["HERE"] / "loss_leak.png").is_file()
+
+
+def test_corpus_and_collate(lesson):
+    ns = lesson.ns
+    ds, vocab, lines = ns["ds"], ns["vocab"], ns["lines"]
+    corpus = ns["HERE"].parent.parent / "data" / "tiny_corpus.txt"
+    assert lines == corpus.read_text().splitlines() and len(ds) == len(lines)
+    assert sorted(vocab.values()) == list(range(1, len(vocab) + 1)) and ns["PAD"] == 0
+    items = [ds[i] for i in (3, 0, 1)]
+    b = ns["collate"](items)
+    L = max(len(it["ids"]) for it in items)
+    assert b["tokens"].shape == b["mask"].shape == (3, L) and b["mask"].dtype == torch.bool
+    for row, m, it in zip(b["tokens"], b["mask"], items):
+        n = len(it["ids"])
+        assert torch.equal(row[:n], it["ids"]) and (row[n:] == 0).all()
+        assert m[:n].all() and not m[n:].any()
+    assert b["idx"] == [3, 0, 1]
+    n = ns["lengths"]
+    assert ns["widths"] == [max(n[i : i + 4]) for i in range(0, len(n), 4)]  # per batch
+    assert min(ns["widths"]) < max(n)  # some batch is shorter than the corpus's longest line
+
+
+def test_missing_corpus_message(lesson):
+    with pytest.raises(FileNotFoundError, match="copy data/absent.txt"):
+        lesson.ns["load_lines"]("absent.txt")
+
+
+def test_worker_seeding(lesson):
+    ns = lesson.ns
+    run_0, run_a, run_b = ns["run_0"], ns["run_a"], ns["run_b"]
+    assert [b["worker"][0] for b in run_a] == [0, 1, 0, 1]  # batch k from worker k % 2
+    assert all(len(set(b["worker"])) == 1 for b in run_a)  # a batch comes from one worker
+    assert run_0[0]["own"] == run_0[1]["own"]  # forked generator: same draws in both workers
+    assert run_0[0]["glob"] != run_0[1]["glob"]  # NumPy's global RNG is seeded per worker
+    assert run_a[0]["own"] != run_a[1]["own"] and run_a == run_b
+    seeds = {b["worker"][0]: b["seed"][0] for b in run_a}
+    assert seeds[1] == seeds[0] + 1
+    idx = [i for b in run_a for i in b["idx"]]
+    assert len(set(idx)) == len(idx)  # no index twice within an epoch
+
+
+def test_determinism_switch_restored(lesson):
+    assert lesson.ns["torch"].are_deterministic_algorithms_enabled() is False
+    assert lesson.ns["acc"].tolist() == [2.0, 0.0, 1.0]
+
+
+# ----------------------------------------------------------------------------------------
+# Exercise 1: the registry, against nn.Module on the same structures
+
+
+def build(spec, Mod, List, params):
+    """A tree from spec, a list of (name, kind, arg): kind "param" (arg: an index into the
+    shared pool `params`, so repeats tie weights), "module" (arg: a sub-spec) or "list"
+    (arg: a list of sub-specs). The same Parameter objects go into both trees."""
+    m = Mod()
+    for name, kind, arg in spec:
+        if kind == "param":
+            setattr(m, name, params[arg])
+        elif kind == "module":
+            setattr(m, name, build(arg, Mod, List, params))
+        else:
+            setattr(m, name, List([build(e, Mod, List, params) for e in arg]))
+    return m
+
+
+def random_spec(rng, depth=0):
+    entries, names = [], rng.sample("abcdefgh", rng.randint(1, 5))
+    for name in names:
+        kind = rng.choice(["param", "param", "module", "list"] if depth < 2 else ["param"])
+        if kind == "param":
+            entries.append((name, "param", rng.randrange(6)))  # repeats: tied weights
+        elif kind == "module":
+            sub = random_spec(rng, depth + 1)
+            entries.append((name, "module", sub))
+        else:
+            entries.append((name, "list", [random_spec(rng, depth + 1)
+                                           for _ in range(rng.randint(0, 3))]))
+    return entries
+
+
+def check_same(ours, ref):
+    got = ours.named_parameters()
+    want = list(ref.named_parameters())
+    assert [n for n, _ in got] == [n for n, _ in want]
+    assert all(a is b for (_, a), (_, b) in zip(got, want))
+    assert all(a is b for a, b in zip(ours.parameters(), ref.parameters()))
+    assert len(ours.parameters()) == len(list(ref.parameters()))
+    sd, ref_sd = ours.state_dict(), ref.state_dict()
+    assert list(sd) == list(ref_sd)
+    assert all(sd[k].data_ptr() == ref_sd[k].data_ptr() for k in sd)
+
+
+@pytest.mark.exercise("Module")
+def test_registry_matches_nn_module_random(exercise_module):
+    rng = random.Random(0)
+    for _ in range(200):
+        params = [nn.Parameter(torch.full((k + 1,), float(k))) for k in range(6)]
+        spec = random_spec(rng)
+        ours = build(spec, exercise_module.Module, exercise_module.ModuleList, params)
+        ref = build(spec, nn.Module, nn.ModuleList, params)
+        check_same(ours, ref)
+
+
+@pytest.mark.exercise("Module")
+def test_registry_hand_picked(exercise_module):
+    Module, ModuleList = exercise_module.Module, exercise_module.ModuleList
+    w, b, v = (nn.Parameter(torch.ones(n)) for n in (2, 3, 4))
+    pairs = []
+    for M, L in ((Module, ModuleList), (nn.Module, nn.ModuleList)):
+        root = M()
+        root.w = w
+        root.blocks = L([M(), M()])
+        root.blocks[0].w = w  # tied with root.w
+        root.blocks[1].b = b
+        root.blocks.append(M())
+        root.blocks[-1].v = v
+        root.head = root.blocks[1]  # the same submodule under a second name
+        root.z = b  # a parameter registered after the submodules still comes first
+        pairs.append(root)
+    ours, ref = pairs
+    check_same(ours, ref)
+    assert [n for n, _ in ours.named_parameters()] == ["w", "z", "blocks.2.v"]
+    assert list(ours.state_dict()) == ["w", "z", "blocks.0.w", "blocks.1.b", "blocks.2.v", "head.b"]
+    assert ours.named_parameters(prefix="model")[0][0] == "model.w"
+
+
+@pytest.mark.exercise("Module")
+def test_setattr_and_getattr(exercise_module):
+    Module = exercise_module.Module
+    m, p, q = Module(), nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))
+    m.a, m.t, m.b, m.sub = p, torch.ones(3), q, Module()
+    assert m.a is p and isinstance(m.sub, Module) and m.t.shape == (3,)
+    assert list(m._parameters) == ["a", "b"] and list(m._modules) == ["sub"]
+    assert "t" not in m._parameters and [id(x) for x in m.parameters()] == [id(p), id(q)]  # a plain tensor: not registered
+    m.a = q  # re-assigning keeps the place
+    assert list(m._parameters) == ["a", "b"] and m.a is q
+    m.sub = p  # a module name re-used for a parameter moves it
+    assert "sub" not in m._modules and list(m._parameters) == ["a", "b", "sub"]
+    m.b = 3  # an ordinary value replaces the registration
+    assert m.b == 3 and "b" not in m._parameters
+    with pytest.raises(AttributeError):
+        m.missing
+
+
+@pytest.mark.exercise("Module")
+def test_module_list(exercise_module):
+    Module, ModuleList = exercise_module.Module, exercise_module.ModuleList
+    mods = [Module() for _ in range(3)]
+    ml = ModuleList(mods[:2])
+    ml.append(mods[2])
+    assert len(ml) == 3 and list(ml) == mods and ml[0] is mods[0] and ml[-1] is mods[2]
+    assert list(ml._modules) == ["0", "1", "2"] and len(ModuleList()) == 0
+    mods[1].w = nn.Parameter(torch.ones(2))
+    assert [n for n, _ in ml.named_parameters()] == ["1.w"]
+
+
+# ----------------------------------------------------------------------------------------
+# Exercise 2: batch indices, against BatchSampler over PyTorch's samplers
+
+
+def torch_batches(n, batch_size, shuffle, drop_last, seed):
+    data = range(n)
+    sampler = (RandomSampler(data, generator=torch.Generator().manual_seed(seed))
+               if shuffle else SequentialSampler(data))
+    return [list(b) for b in BatchSampler(sampler, batch_size, drop_last)]
+
+
+@pytest.mark.exercise("batch_indices")
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batch_indices_match_samplers(exercise_module, shuffle, drop_last):
+    for n in [1, 2, 3, 5, 9, 10, 11, 20, 32]:
+        for batch_size in [1, 2, 3, 5, 10, 40]:
+            for seed in [0, 1, 7]:
+                got = exercise_module.batch_indices(n, batch_size, shuffle, drop_last, seed)
+                assert got == torch_batches(n, batch_size, shuffle, drop_last, seed), \
+                    (n, batch_size, shuffle, drop_last, seed)
+
+
+@pytest.mark.exercise("batch_indices")
+def test_batch_indices_properties(exercise_module):
+    f = exercise_module.batch_indices
+    assert f(0, 4, False, False) == [] and f(0, 4, True, True) == []
+    assert f(3, 5, False, True) == []  # only a short batch: dropped
+    assert f(6, 3, False, True) == [[0, 1, 2], [3, 4, 5]]  # a full last batch stays
+    assert f(7, 3, True, False, seed=5) == f(7, 3, True, False, seed=5)
+    assert f(30, 4, True, False, seed=0) != f(30, 4, True, False, seed=1)
+    flat = [i for b in f(30, 4, True, False, seed=3) for i in b]
+    assert sorted(flat) == list(range(30)) and flat != list(range(30))
+    assert all(isinstance(i, int) for b in f(5, 2, True, False) for i in b)
+
+
+# ----------------------------------------------------------------------------------------
+# Exercise 3: pad_collate, against batches padded by hand
+
+
+def reference_pad(seqs, pad_id):
+    L = max((len(s) for s in seqs), default=0)
+    tokens = [list(map(int, s)) + [pad_id] * (L - len(s)) for s in seqs]
+    mask = [[True] * len(s) + [False] * (L - len(s)) for s in seqs]
+    return tokens, mask, L
+
+
+def check_pad(f, seqs, pad_id):
+    tokens, mask = f(seqs, pad_id=pad_id)
+    want_tokens, want_mask, L = reference_pad(seqs, pad_id)
+    assert tokens.dtype == torch.int64 and mask.dtype == torch.bool, (tokens.dtype, mask.dtype)
+    assert tuple(tokens.shape) == tuple(mask.shape) == (len(seqs), L), (tokens.shape, mask.shape)
+    assert tokens.tolist() == want_tokens and mask.tolist() == want_mask, seqs
+
+
+@pytest.mark.exercise("pad_collate")
+@pytest.mark.parametrize("case", [
+    ([[5, 6, 7], [8]], 0),
+    ([[5, 6, 7], [8]], -1),  # pad_id is used, not 0
+    ([[3, 0, 4], [0]], 0),  # real tokens equal to the pad id: the mask still says True
+    ([[1], []], 0),  # an empty sequence: a row of padding
+    ([[], []], 0),  # all empty: L == 0
+    ([], 0),  # no sequence at all: shape (0, 0)
+    ([[2, 2, 2, 2]], 9),  # one sequence: no padding
+], ids=["basic", "pad-id", "zero-tokens", "one-empty", "all-empty", "empty-batch", "single"])
+def test_pad_collate_hand_picked(exercise_module, case):
+    check_pad(exercise_module.pad_collate, *case)
+
+
+@pytest.mark.exercise("pad_collate")
+def test_pad_collate_random_tensors(exercise_module):
+    rng = random.Random(4)
+    for _ in range(100):
+        seqs = [torch.tensor([rng.randrange(5) for _ in range(rng.randint(0, 6))],
+                             dtype=rng.choice([torch.int64, torch.int32]))
+                for _ in range(rng.randint(1, 5))]
+        check_pad(exercise_module.pad_collate, seqs, rng.choice([0, 99]))
+
+
+@pytest.mark.exercise("pad_collate")
+def test_pad_collate_pads_to_the_batch(exercise_module):
+    short, _ = exercise_module.pad_collate([[1, 2], [3]])
+    long, _ = exercise_module.pad_collate([[1, 2, 3, 4, 5, 6], [7]])
+    assert short.shape == (2, 2) and long.shape == (2, 6)
