@@ -1,0 +1,398 @@
+"""Tests of lesson 06: documented outputs, the lesson's key values (counts, FLOPs, the
+structure of its timings, the profiler's table and trace, the figure), the exercises, and
+the GPU measurements that the CPU cannot make (unsynchronised vs synchronised timing,
+queued vs waited calls, CUDA events, hidden synchronisations)."""
+
+import json
+import math
+import random
+import statistics
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def test_script_outputs(lesson):
+    lesson.check()
+
+
+def test_notebook_outputs(lesson_notebook):
+    lesson_notebook.check()
+
+
+# ----------------------------------------------------------------------------------------
+# Key values of the lesson, read from the namespace the script left behind
+
+
+def test_devices_and_the_helper(lesson):
+    ns = lesson.ns
+    pick, x = ns["pick_device"], ns["x"]
+    assert x.to("cpu") is x and x.cpu() is x
+    assert ns["xc"] is not x and torch.equal(ns["xc"], x) and ns["xc"].data_ptr() != x.data_ptr()
+    assert [pick(*case).type for case in ns["cases"]] == ["cuda", "mps", "cpu", "cpu"]
+    assert pick("cuda:1", False, False) == torch.device("cuda", 1)  # the override is not checked
+    has_mps = torch.backends.mps.is_available()
+    expected = "cuda" if torch.cuda.is_available() else "mps" if has_mps else "cpu"
+    assert pick().type == expected  # no arguments: probe this machine
+    assert ns["DEVICE"] == (pick() if ns["choice"] == "auto" else torch.device(ns["choice"]))
+    with pytest.raises(RuntimeError, match="not on the expected device"):
+        x + ns["m"]
+
+
+def test_cpu_timings_agree_with_and_without_sync(lesson):
+    runs, med = lesson.ns["runs"], lesson.ns["med"]
+    assert len(runs["sync"]) == len(runs["no sync"]) == 15
+    assert all(t > 0 for v in runs.values() for t in v)
+    assert 1 / 3 < med["sync"] / med["no sync"] < 3  # the CPU has no queue
+
+
+def test_time_runs_structure(lesson):
+    ns = lesson.ns
+    times, meas = ns["times"], ns["meas"]
+    assert len(times) == 21 and min(times) > 0
+    assert ns["lo"] <= ns["mid"] <= ns["hi"]
+    assert min(meas.times) <= meas.median <= max(meas.times)
+    assert meas.task_spec.num_threads == 1
+    # the two measurements ran at different moments: on a busy machine either can be slowed
+    # down, but neither can beat the fastest run of the work by much
+    assert 0.5 * min(times) < meas.median < 5 * max(times)
+    # warm-up calls are not timed; the clock is bracketed by two syncs per repeat
+    calls, syncs = [], []
+    out = ns["time_runs"](lambda: calls.append(1), lambda: syncs.append(1), warmup=4, repeats=6)
+    assert len(out) == 6 and len(calls) == 10 and len(syncs) == 12
+
+
+def local_scalar_reads(fn):
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(e.name == "aten::_local_scalar_dense" for e in prof.events())
+
+
+def test_hidden_syncs(lesson):
+    ns = lesson.ns
+    assert ns["reads"] == {"log .item()": 5, "format": 5, "branch": 5, ".cpu()": 0}
+    assert ns["ops_in"]["branch"] == ["aten::is_nonzero", "aten::lt"]
+    assert len(ns["log"]) == 5 and ns["text"] == f"loss {ns['log'][-1]:.4f}"
+    assert all(k.device.type == "cpu" for k in ns["keep"])
+
+    losses = [torch.tensor(float(i)) for i in range(5)]
+
+    def fixed():  # accumulate on the device, read once
+        total = torch.zeros(())
+        for loss in losses:
+            total += loss.detach()
+        return total.item()
+
+    assert local_scalar_reads(fixed) == 1
+    assert local_scalar_reads(lambda: [f"{t:.2f}" for t in losses]) == 5
+    assert local_scalar_reads(lambda: [float(t) for t in losses]) == 5
+
+
+def test_profiler_table(lesson):
+    ns = lesson.ns
+    avg = {e.key: e for e in ns["prof"].key_averages()}
+    steps, layers = 3, 2
+    assert avg["aten::addmm"].count == steps * layers  # one per layer, forward
+    assert avg["aten::mm"].count == steps * (2 * layers - 1)  # no gradient for the input batch
+    assert avg["forward"].count == avg["backward"].count == avg["optimizer"].count == steps
+    counts = [e.count for e in ns["table"]]
+    assert counts == sorted(counts, reverse=True)
+    assert ns["matmul"] / ns["total"] > 0.5  # the time is in the matmuls
+
+
+def test_chrome_trace(lesson):
+    trace = lesson.ns["trace"]
+    assert trace.parent == lesson.ns["HERE"] and trace.name.endswith("_trace.json")
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = [e.get("name") for e in events]
+    for region in ("forward", "backward", "optimizer"):
+        assert names.count(region) == 3
+    assert "aten::addmm" in names and "aten::mm" in names
+    fwd = next(e for e in events if e.get("name") == "forward")
+    assert fwd["ph"] == "X" and fwd["dur"] > 0  # a complete event with a duration
+
+
+def test_flops(lesson):
+    ns = lesson.ns
+    B, D, H, C, W = ns["B"], ns["D"], ns["H"], ns["C"], ns["W"]
+    with FlopCounterMode(display=False) as fc:
+        ns["mlp_step"]()
+    total = fc.get_total_flops()
+    assert total == 6 * W * B - 2 * B * D * H == ns["fc"].get_total_flops()
+    assert 4 * W * B < total <= 6 * W * B  # "6 x params x tokens" is an upper estimate
+    assert ns["counts"] == {"aten.addmm": 2 * B * W, "aten.mm": 4 * B * W - 2 * B * D * H}
+
+
+def test_achieved_rates(lesson):
+    ns = lesson.ns
+    rates = ns["rates"]
+    assert sorted(rates) == ns["sizes"] and all(r > 0 for r in rates.values())
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":
+        # one AVX2 core: at most 2 FMA units x 8 lanes x 2 FLOPs per cycle; 6 GHz is generous.
+        # A rate above that would mean a timer that stopped before the work ended.
+        assert max(rates.values()) < 32 * 6e9 / 1e9
+
+
+def test_figure(lesson):
+    ns = lesson.ns
+    rates = {32: 10.0, 64: 20.0, 128: 40.0}
+    fig = ns["plot_rates"](rates)
+    (ax,) = fig.get_axes()
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [32, 64, 128] and list(line.get_ydata()) == [10.0, 20.0, 40.0]
+    assert ax.get_xlabel().startswith("matrix size n") and ax.get_ylabel() == "achieved GFLOP/s"
+    assert ax.get_xscale() == "log" and ax.get_ylim()[0] == 0
+    (real,) = ns["fig"].get_axes()[0].get_lines()
+    assert list(real.get_xdata()) == ns["sizes"]
+    assert list(real.get_ydata()) == [ns["rates"][n] for n in ns["sizes"]]
+    assert (ns["HERE"] / "gflops_vs_size.png").is_file()
+
+
+def test_mfu(lesson):
+    mfu = lesson.ns["mfu"]
+    assert mfu(8e9, 8_000, 990e12) == pytest.approx(0.3878787878)
+    assert mfu(1e9, 1_000, 6e12) == pytest.approx(1.0)
+    assert mfu(8e9, 0.5 * 990e12 / (6 * 8e9), 990e12) == pytest.approx(0.5)
+
+
+# ----------------------------------------------------------------------------------------
+# Exercises
+
+
+def counted_matmul_flops(shape_a, shape_b):
+    with FlopCounterMode(display=False) as fc:
+        torch.matmul(torch.empty(shape_a), torch.empty(shape_b))
+    return fc.get_total_flops()
+
+
+MATMUL_CASES = {
+    "square": ((16, 16), (16, 16)),
+    "rectangular": ((3, 5), (5, 7)),  # 2*m*k*n, not n**3 of one side
+    "batched-a-only": ((4, 3, 5), (5, 2)),
+    "batched-b-only": ((3, 5), (4, 5, 2)),
+    "bmm": ((6, 3, 5), (6, 5, 2)),
+    "broadcast-1": ((2, 1, 3, 5), (4, 5, 2)),  # batch (2, 1) with (4,) -> (2, 4)
+    "broadcast-both": ((1, 3, 2, 4), (5, 1, 4, 6)),
+    "zero-batch": ((0, 3, 5), (5, 2)),
+    "zero-inner": ((3, 0), (0, 4)),
+    "ones": ((1, 1), (1, 1)),
+}
+
+
+@pytest.mark.exercise("matmul_flops")
+@pytest.mark.parametrize("case", MATMUL_CASES.values(), ids=MATMUL_CASES.keys())
+def test_matmul_flops_hand_picked(exercise_module, case):
+    assert exercise_module.matmul_flops(*case) == counted_matmul_flops(*case), case
+
+
+@pytest.mark.exercise("matmul_flops")
+def test_matmul_flops_random(exercise_module):
+    rng = random.Random(0)
+    for _ in range(60):
+        m, k, n = (rng.randint(1, 6) for _ in range(3))
+        batch = [rng.choice([1, 2, 3]) for _ in range(rng.randint(0, 3))]
+        ba = [d if rng.random() < 0.6 else 1 for d in batch][rng.randint(0, len(batch)):]
+        bb = [d if rng.random() < 0.6 else 1 for d in batch][rng.randint(0, len(batch)):]
+        a, b = (*ba, m, k), (*bb, k, n)
+        assert exercise_module.matmul_flops(a, b) == counted_matmul_flops(a, b), (a, b)
+
+
+def counted_step_flops(sizes, batch):
+    layers = []
+    for d_in, d_out in zip(sizes, sizes[1:]):
+        layers += [nn.Linear(d_in, d_out), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1])
+    with FlopCounterMode(display=False) as fc:
+        model(torch.randn(batch, sizes[0])).square().mean().backward()
+    return fc.get_total_flops()
+
+
+@pytest.mark.exercise("mlp_step_flops")
+@pytest.mark.parametrize(
+    "sizes, batch",
+    [([512, 512, 10], 256), ([8, 4], 3), ([8, 4, 4], 1), ([3, 5, 7, 2], 4), ([6, 1, 6], 5),
+     ([2, 9, 3, 4, 5], 7)],
+)
+def test_mlp_step_flops(exercise_module, sizes, batch):
+    assert exercise_module.mlp_step_flops(sizes, batch) == counted_step_flops(sizes, batch)
+
+
+class FakeGPU:
+    """A device queue and a fake host clock: a launch costs host time, the work runs in the
+    queue (overlapping later launches), and sync() waits for the queue plus a round trip."""
+
+    def __init__(self, launch=1e-5, work=2e-3, round_trip=5e-5):
+        self.launch, self.work, self.round_trip = launch, work, round_trip
+        self.now = 0.0  # the host clock
+        self.free_at = 0.0  # when the device will have finished its queue
+        self.calls = self.syncs = 0
+
+    def clock(self):
+        return self.now
+
+    def fn(self):
+        self.now += self.launch
+        self.free_at = max(self.free_at, self.now) + self.work
+        self.calls += 1
+
+    def sync(self):
+        self.now = max(self.now, self.free_at) + self.round_trip
+        self.syncs += 1
+
+
+@pytest.mark.exercise("per_call_time")
+@pytest.mark.parametrize("calls, warmup", [(10, 1), (1, 1), (200, 3), (7, 0)])
+def test_per_call_time_on_a_queue(exercise_module, calls, warmup):
+    gpu = FakeGPU()
+    got = exercise_module.per_call_time(gpu.fn, gpu.sync, calls, warmup=warmup, clock=gpu.clock)
+    # all the queued work, one launch that cannot overlap, one round trip; no warm-up work
+    expected = gpu.work + (gpu.launch + gpu.round_trip) / calls
+    assert got == pytest.approx(expected, rel=1e-9)
+    assert gpu.calls == warmup + calls
+
+
+@pytest.mark.exercise("per_call_time")
+def test_per_call_time_host_bound(exercise_module):
+    """Launches slower than the work: queued calls cost the launch, not launch + work."""
+    gpu = FakeGPU(launch=3e-3, work=1e-3, round_trip=5e-5)
+    got = exercise_module.per_call_time(gpu.fn, gpu.sync, 10, warmup=2, clock=gpu.clock)
+    assert got == pytest.approx(gpu.launch + (gpu.work + gpu.round_trip) / 10, rel=1e-9)
+
+
+@pytest.mark.exercise("per_call_time")
+def test_per_call_time_real_clock(exercise_module):
+    """The default clock is a real one: 5 calls that sleep 2 ms each take about 2 ms each."""
+    got = exercise_module.per_call_time(lambda: time.sleep(0.002), torch.cpu.synchronize, 5)
+    assert 0.0019 < got < 0.05
+
+
+# ----------------------------------------------------------------------------------------
+# GPU: what the CPU cannot show. Standalone (no lesson run needed), printed for the record.
+
+GPU = [pytest.param("cuda", marks=pytest.mark.cuda), pytest.param("mps", marks=pytest.mark.mps)]
+
+
+def syncer(device):
+    return torch.cuda.synchronize if device == "cuda" else torch.mps.synchronize
+
+
+def median_s(fn, repeats=7):
+    return statistics.median(fn() for _ in range(repeats))
+
+
+@pytest.mark.parametrize("device", GPU)
+def test_gpu_unsynchronized_timing_is_the_launch(device):
+    sync = syncer(device)
+    a = torch.randn(4096, 4096, device=device)  # (N, N) fp32
+    for _ in range(3):
+        a @ a  # warm-up: library handles, kernels, the caching allocator's block
+    sync()
+
+    def unsynced():
+        sync()  # an empty queue before the clock starts
+        t0 = time.perf_counter()
+        a @ a
+        dt = time.perf_counter() - t0  # the call has returned; the work has not finished
+        sync()
+        return dt
+
+    def synced():
+        sync()
+        t0 = time.perf_counter()
+        a @ a
+        sync()
+        return time.perf_counter() - t0
+
+    t_launch, t_work = median_s(unsynced), median_s(synced)
+    print(f"{device}: 4096^2 matmul, no sync {t_launch * 1e3:.3f} ms, sync {t_work * 1e3:.3f} ms, "
+          f"ratio {t_work / t_launch:.0f}")
+    assert t_launch < 0.2 * t_work
+
+
+@pytest.mark.parametrize("device", GPU)
+def test_gpu_queued_calls_beat_waiting_after_each(device):
+    sync = syncer(device)
+    a = torch.randn(256, 256, device=device)  # (n, n)
+    for _ in range(10):
+        a @ a
+    sync()
+
+    def queued():
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(200):
+            a @ a
+        sync()
+        return (time.perf_counter() - t0) / 200
+
+    def waiting():
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(200):
+            a @ a
+            sync()  # a round trip per call: the device idles while the host launches
+        return (time.perf_counter() - t0) / 200
+
+    t_q, t_w = median_s(queued, 5), median_s(waiting, 5)
+    print(f"{device}: 256^2 matmul per call, queued {t_q * 1e6:.1f} us, waiting {t_w * 1e6:.1f} us")
+    assert t_q < t_w
+
+
+@pytest.mark.parametrize("device", GPU)
+def test_gpu_copies_are_explicit(device):
+    x = torch.randn(3)
+    xd = x.to(device)
+    assert xd is not x and xd.device.type == device and xd.to(device) is xd
+    assert torch.equal(xd.cpu(), x)
+    with pytest.raises(RuntimeError, match="device"):
+        xd + x  # a CPU tensor with elements next to a GPU tensor: never moved for you
+    if device == "cuda":  # a 0-d CPU tensor acts as a number next to a CUDA tensor
+        assert (xd + torch.tensor(1.0)).device.type == device
+
+
+@pytest.mark.cuda
+def test_cuda_events_agree_with_the_synced_host_clock():
+    a = torch.randn(4096, 4096, device="cuda")  # (N, N)
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+
+    def both():
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        start.record()  # timestamps taken by the GPU, in its queue
+        a @ a
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end), (time.perf_counter() - t0) * 1e3  # ms, ms
+
+    pairs = [both() for _ in range(7)]
+    gpu_ms = statistics.median(p[0] for p in pairs)
+    host_ms = statistics.median(p[1] for p in pairs)
+    print(f"cuda: 4096^2 matmul, events {gpu_ms:.3f} ms, synced host clock {host_ms:.3f} ms")
+    # the host clock also holds the launch and the wait's round trip, so it reads a bit more
+    assert 0.5 * host_ms < gpu_ms < 1.1 * host_ms
+
+
+@pytest.mark.cuda
+def test_cuda_sync_debug_mode_flags_item():
+    x = torch.randn(64, 8, device="cuda")  # (N, D)
+    w = torch.randn(8, 1, device="cuda", requires_grad=True)  # (D, 1)
+    (x @ w).square().mean()  # warm-up: library handles are made outside the checked region
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        total = torch.zeros((), device="cuda")
+        for _ in range(3):
+            loss = (x @ w).square().mean()
+            total += loss.detach()  # stays on the device: no sync
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            loss.item()  # the host needs the value: a sync
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert math.isfinite(total.item())
