@@ -18,7 +18,6 @@ Command line: ``python -m scripts.checker lessons/01_tensor_views/tensor_views.p
 from __future__ import annotations
 
 import argparse
-import builtins
 import contextlib
 import difflib
 import io
@@ -26,6 +25,7 @@ import os
 import re
 import sys
 import traceback
+import types
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,9 +185,15 @@ class LessonRun:
 
 
 @contextlib.contextmanager
-def as_main(script: Path):
-    """Make the interpreter look as it does for ``python script`` run from the repo root."""
-    saved = (list(sys.path), list(sys.argv), os.getcwd(), set(sys.modules), dict(os.environ))
+def as_main(script: Path, module: types.ModuleType):
+    """Make the interpreter look as it does for ``python script`` run from the repo root.
+
+    ``module`` stands in for ``sys.modules["__main__"]`` meanwhile, as runpy does, so that
+    code which finds a function's globals through its module (torch.compile, pickle) works.
+    """
+    saved = (list(sys.path), list(sys.argv), os.getcwd(), set(sys.modules), dict(os.environ),
+             sys.modules["__main__"])
+    sys.modules["__main__"] = module
     sys.path.insert(0, str(script.parent))
     sys.argv[:] = [str(script)]
     os.chdir(ROOT)
@@ -195,6 +201,7 @@ def as_main(script: Path):
     try:
         yield
     finally:
+        sys.modules["__main__"] = saved[5]
         sys.path[:], sys.argv[:] = saved[0], saved[1]
         os.chdir(saved[2])
         os.environ.clear()
@@ -209,8 +216,10 @@ def as_main(script: Path):
 def run_script(script: Path) -> LessonRun:
     script = script.resolve()
     run = LessonRun(script, read_cells(script))
-    run.ns.update(__name__="__main__", __file__=str(script), __builtins__=builtins)
-    with as_main(script), warnings.catch_warnings(record=True) as caught:
+    module = types.ModuleType("__main__")
+    module.__file__ = str(script)
+    run.ns = module.__dict__  # the script's globals, kept after the run for the tests
+    with as_main(script, module), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for cell in run.cells:
             if cell.kind != "code":

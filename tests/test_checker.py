@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,15 @@ def test_a_block_after_prose_is_an_error(tmp_path):
     text = LESSON.replace("# # A synthetic lesson\n", "# # A synthetic lesson\n\n# %% [markdown]\n# Output:\n# ```text\n# x\n# ```\n")
     (found,) = problems(tmp_path, text)
     assert "cell 2: an Output: block that follows no code cell" in found
+
+
+def test_the_script_runs_as_the_main_module(tmp_path):
+    """Code that looks a function's globals up through its module (torch.compile, pickle)
+    finds the lesson's globals, as under `python lesson.py`."""
+    text = LESSON.replace("quiet = 1", "import sys\nquiet = sys.modules[quiet_fn().__module__].HERE\n"
+                          "print(quiet == HERE)")
+    text = text.replace("from pathlib import Path\n", "from pathlib import Path\ndef quiet_fn():\n    return quiet_fn\n")
+    text += "\n# %% [markdown]\n# Output:\n# ```text\n# True\n# ```\n"
+    run = checker.run_script(write(tmp_path, text))
+    assert run.problems() == []
+    assert sys.modules["__main__"].__dict__ is not run.ns  # restored afterwards
