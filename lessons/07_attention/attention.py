@@ -1,0 +1,716 @@
+# %% [markdown]
+# # 07 · Attention: scaled dot-product attention and FlexAttention
+#
+# Attention is one formula, `softmax(Q Kᵀ / √d + M) · V`, and a zoo of kernels that compute
+# it without ever storing the S × S score matrix. PyTorch exposes the formula as
+# `F.scaled_dot_product_attention` (SDPA), picks a kernel for you, and adds FlexAttention
+# for masks and score changes that SDPA does not know. This lesson checks every contract
+# of that API on tiny tensors, where each number can be read.
+#
+# **What you will learn**
+#
+# - how many score cells attention makes (B·H·S·S) and why fused kernels work in tiles;
+# - that SDPA's math backend *is* the formula, forward and backward;
+# - the mask conventions (SDPA: True = keep; `MultiheadAttention`'s `key_padding_mask`:
+#   True = ignore), `is_causal`'s upper-left alignment and what a decode step needs;
+# - that `dropout_p` ignores `model.eval()`; grouped-query attention with `enable_gqa`;
+# - which SDPA backends this build has and which one the CPU runs; what all-masked rows do;
+# - FlexAttention: mask functions, block masks and their sparsity, a score function
+#   (ALiBi), one compiled kernel checked against SDPA.
+#
+# **Prerequisites:** lesson 01 (the (B, H, S, D) layout), lesson 03 (autograd), lesson 06
+# (the profiler). Softmax and matrix products.
+#
+# **How to run:** `python lessons/07_attention/attention.py` or `make lesson N=07` from the
+# repository root, or open `attention.ipynb`. Everything runs on the CPU. One cell compiles
+# FlexAttention with `torch.compile`: about 10–25 s the first time on a 2-core machine,
+# 1–3 s once Inductor's cache (`TORCHINDUCTOR_CACHE_DIR`, set by the course tools) is warm.
+# Each printing cell is followed by an *Output* block: what it printed with the pinned
+# PyTorch (2.13.0), checked by `make test`.
+
+# %%
+import math
+import os
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+from torch.nn.attention.flex_attention import and_masks, create_block_mask, create_mask, flex_attention
+from torch.profiler import profile
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # one thread: reproducible results, comparable timings
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+DEVICE = torch.device(os.environ.get("COURSE_DEVICE", "cpu"))
+
+
+def formula(q, k, v, keep=None):
+    """softmax(q kᵀ / √d + M) v, with M = 0 where keep is True and -inf elsewhere."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, L, S)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v  # (B, H, L, D)
+
+
+def first_sentence(err):
+    """The first sentence of an error message: stable, and short enough to print."""
+    return str(err).split(". ")[0]
+
+
+def rows(t):
+    """A small tensor as nested lists of numbers with one decimal, for printing."""
+    return np.round(t.detach().cpu().numpy(), 1).tolist()
+
+
+# %% [markdown]
+# ## 1. The formula, and the size of the score matrix
+#
+# With queries, keys and values of shape (B, H, S, D), attention computes a score for every
+# (query, key) pair of every head of every batch element: `Q Kᵀ` has shape (B, H, S, S).
+#
+# **Predict.** How many score cells for B=1, H=2, S=4? For the same two heads at S=8192?
+# How many bytes is that in fp32 and in bf16?
+
+
+# %%
+def score_cells(b, h, s_q, s_k=None):
+    """Cells of the (B, H, S_q, S_k) score matrix."""
+    return b * h * s_q * (s_q if s_k is None else s_k)
+
+
+for bhs in [(1, 2, 4), (1, 2, 8192)]:
+    n = score_cells(*bhs)
+    print(f"(B, H, S) = {bhs}: {n:,} score cells, fp32 {4 * n:,} bytes, bf16 {2 * n:,} bytes")
+print(f"(1, 2, 8192) fp32 scores: {4 * score_cells(1, 2, 8192) / 2**20:.0f} MiB per layer")
+
+# %% [markdown]
+# Output:
+# ```text
+# (B, H, S) = (1, 2, 4): 32 score cells, fp32 128 bytes, bf16 64 bytes
+# (B, H, S) = (1, 2, 8192): 134,217,728 score cells, fp32 536,870,912 bytes, bf16 268,435,456 bytes
+# (1, 2, 8192) fp32 scores: 512 MiB per layer
+# ```
+#
+# The scores grow with S², while Q, K, V and the output grow with S·D. At S = 8192 two heads
+# already need half a GiB of fp32 scores; a real model has 32 heads, a batch, and keeps
+# what backward needs for every layer. A naive implementation also *moves* those bytes:
+# it writes the scores, reads them for the softmax, writes the probabilities, reads them
+# again for the product with V. Fused kernels (FlashAttention and its relatives) never
+# store the matrix: they walk K and V in tiles, keep a running maximum and a running sum
+# per query row (the *online softmax*), and rescale the partial output as each tile
+# arrives. Their working memory is a few tiles, whatever S is. The figure puts numbers on
+# that; the exercise `tiled_attention` has you write the online softmax.
+
+
+# %%
+def tile_bytes(block_q=128, block_k=128, d=128, elem=2):
+    """Working set of one tile step: Q, K, V tiles (elem bytes), fp32 scores, output, max, sum."""
+    inputs = (block_q + 2 * block_k) * d * elem
+    fp32 = (block_q * block_k + block_q * d + 2 * block_q) * 4
+    return inputs + fp32
+
+
+def plot_memory(seq_lens, heads=2, d=128):
+    """Bytes of the score matrix vs sequence length, next to Q/K/V/O and one tile's working set."""
+    s = np.array(seq_lens, dtype=float)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.loglog(s, 4 * heads * s**2, "o-", label="scores, fp32")
+    ax.loglog(s, 2 * heads * s**2, "s-", label="scores, bf16")
+    ax.loglog(s, 4 * 2 * heads * s * d, "^-", label=f"Q, K, V, O, bf16 (D={d})")
+    ax.loglog(s, np.full_like(s, heads * tile_bytes(d=d)), "k--", label="tiled kernel working set")
+    ax.set_xlabel("sequence length S")
+    ax.set_ylabel("bytes (B=1, H=2)")
+    ax.set_title("Materialised scores grow as S², tiles do not")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+seq_lens = [2**p for p in range(8, 18)]  # 256 ... 131072
+fig = plot_memory(seq_lens)
+fig.savefig(HERE / "score_memory.png", dpi=100)
+print(f"one tile step (128 x 128, D=128): {tile_bytes():,} bytes per head")
+print(f"at S=8192 the fp32 scores are {4 * score_cells(1, 2, 8192) / (2 * tile_bytes()):,.0f} x that")
+print("saved score_memory.png")
+
+# %% [markdown]
+# Output:
+# ```text
+# one tile step (128 x 128, D=128): 230,400 bytes per head
+# at S=8192 the fp32 scores are 1,165 x that
+# saved score_memory.png
+# ```
+#
+# A tile step holds a 128-row block of queries, one 128-row block of keys and values, the
+# 128 × 128 block of scores, the running output and two numbers per row: about 225 KiB,
+# the order of a GPU's on-chip memory (shared memory and registers), and the same at every
+# S. The price is recomputation: backward recomputes the scores tile by tile instead of
+# reading them.
+
+# %% [markdown]
+# ## 2. SDPA is the formula
+#
+# `sdpa_kernel(SDPBackend.MATH)` restricts SDPA to its reference implementation, written
+# with ordinary ATen ops.
+#
+# **Predict.** In float64, does SDPA's output equal `formula` above? And the gradients with
+# respect to Q, K and V?
+
+# %%
+shape = (1, 2, 4, 8)  # (B, H, S, D)
+q, k, v = (torch.randn(shape, dtype=torch.float64, device=DEVICE, requires_grad=True) for _ in range(3))
+grad_out = torch.randn(shape, dtype=torch.float64, device=DEVICE)  # (B, H, S, D)
+with sdpa_kernel(SDPBackend.MATH):
+    out_sdpa = F.scaled_dot_product_attention(q, k, v)
+out_ref = formula(q, k, v)
+grads_sdpa = torch.autograd.grad(out_sdpa, (q, k, v), grad_out)
+grads_ref = torch.autograd.grad(out_ref, (q, k, v), grad_out)
+for name, a, b in zip(["out", "dQ", "dK", "dV"], (out_sdpa, *grads_sdpa), (out_ref, *grads_ref)):
+    torch.testing.assert_close(a, b)  # float64 tolerances: rtol 1e-7, atol 1e-7
+    print(f"{name:<3} {tuple(a.shape)} matches the formula, max error {(a - b).abs().max():.1e}")
+
+# %% [markdown]
+# Output:
+# ```text
+# out (1, 2, 4, 8) matches the formula, max error «number»
+# dQ  (1, 2, 4, 8) matches the formula, max error «number»
+# dK  (1, 2, 4, 8) matches the formula, max error «number»
+# dV  (1, 2, 4, 8) matches the formula, max error «number»
+# ```
+#
+# All four agree within float64 tolerance (`assert_close` would have raised otherwise). The
+# last digits depend on the order in which this CPU's matmul sums, so the errors (2e-16 to
+# 3e-16 here) are shown as placeholders. The math backend is the reference that every fused
+# kernel is tested against; keep it in mind when a fused result looks odd.
+
+# %% [markdown]
+# ## 3. Masks: True means keep (and `key_padding_mask` says the opposite)
+#
+# A boolean `attn_mask` of shape (L, S) (broadcast over batch and heads) says which
+# (query, key) pairs take part. Take two queries, two keys, and values `[10, 0]` and
+# `[0, 10]`.
+#
+# **Predict.** With the mask `[[True, False], [True, False]]`, what are the two output rows?
+
+# %%
+q2 = torch.randn(1, 1, 2, 2, dtype=torch.float64)  # (B, H, L, D)
+k2 = torch.randn(1, 1, 2, 2, dtype=torch.float64)  # (B, H, S, D)
+v2 = torch.tensor([[10.0, 0.0], [0.0, 10.0]], dtype=torch.float64).view(1, 1, 2, 2)  # (B, H, S, D)
+keep_key0 = torch.tensor([[True, False], [True, False]])  # (L, S): True = attend
+out_keep = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=keep_key0)
+print(f"SDPA, attn_mask keeps key 0: {rows(out_keep[0, 0])}")
+print(f"no mask:                     {rows(F.scaled_dot_product_attention(q2, k2, v2)[0, 0])}")
+
+# %% [markdown]
+# Output:
+# ```text
+# SDPA, attn_mask keeps key 0: [[10.0, 0.0], [10.0, 0.0]]
+# no mask:                     [[4.9, 5.1], [7.4, 2.6]]
+# ```
+#
+# Each query row sees one key only, so its softmax puts weight 1 on it and the output is
+# value row 0, whatever the scores are. A float mask is *added* to the scores instead
+# (0 keeps, `-inf` removes, anything else biases).
+#
+# `nn.MultiheadAttention` has a `key_padding_mask` of shape (B, S) for padded keys. Build
+# one whose projections are the identity, so it computes exactly SDPA on the same data.
+#
+# **Predict.** Passing it SDPA's "keep key 0" row `[True, False]`, which key does it use?
+
+
+# %%
+def identity_mha(dim):
+    """A one-head MultiheadAttention whose Q, K, V and output projections are the identity."""
+    mha = nn.MultiheadAttention(dim, num_heads=1, bias=False, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.eye(dim).repeat(3, 1))  # (3*dim, dim): [I; I; I]
+        mha.out_proj.weight.copy_(torch.eye(dim))
+    return mha
+
+
+mha = identity_mha(2)
+for pad in ([True, False], [False, True]):
+    out_mha, _ = mha(q2[0], k2[0], v2[0], key_padding_mask=torch.tensor([pad]), need_weights=False)
+    print(f"MHA key_padding_mask {pad}: {rows(out_mha[0])}")
+
+# %% [markdown]
+# Output:
+# ```text
+# MHA key_padding_mask [True, False]: [[0.0, 10.0], [0.0, 10.0]]
+# MHA key_padding_mask [False, True]: [[10.0, 0.0], [10.0, 0.0]]
+# ```
+#
+# For `key_padding_mask` True means *padding, ignore it*: the same row that kept key 0 in
+# SDPA drops key 0 here. To keep key 0 you pass `[False, True]`. When you move code from
+# `MultiheadAttention` to SDPA, invert the padding mask (`~key_padding_mask`) and give it
+# SDPA's shape: (B, 1, 1, S), broadcast over heads and queries.
+
+# %% [markdown]
+# ## 4. `is_causal=True` is aligned to the upper left
+#
+# `is_causal=True` keeps key j for query i when j ≤ i, counting both from 0. For a square
+# matrix that is the usual lower triangle. In a decode step with a KV cache, one new query
+# (the latest token) meets all the cached keys: L = 1, S = 2 here.
+#
+# **Predict.** Which keys does `is_causal=True` let the single query see?
+
+# %%
+q_last = q2[:, :, 1:]  # (B, H, 1, D): the last query alone, as in a decode step
+upper_left = F.scaled_dot_product_attention(q_last, k2, v2, is_causal=True)
+no_mask = F.scaled_dot_product_attention(q_last, k2, v2, is_causal=False)
+lower_right = F.scaled_dot_product_attention(q_last, k2, v2, attn_mask=causal_lower_right(1, 2))
+full = F.scaled_dot_product_attention(q2, k2, v2, is_causal=True)[:, :, 1:]  # row 1 of the square case
+print(f"is_causal=True (upper left):   {rows(upper_left[0, 0])}")
+print(f"is_causal=False:               {rows(no_mask[0, 0])}")
+print(f"causal_lower_right(1, 2):      {rows(lower_right[0, 0])}")
+print(f"row 1 of the full causal pass: {rows(full[0, 0])}")
+bottom_right = torch.ones(2, 4, dtype=torch.bool).tril(4 - 2)  # (L, S): what causal_lower_right(2, 4) keeps
+print(f"bottom-right (L=2, S=4) keeps: {bottom_right.int().tolist()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# is_causal=True (upper left):   [[10.0, 0.0]]
+# is_causal=False:               [[7.4, 2.6]]
+# causal_lower_right(1, 2):      [[7.4, 2.6]]
+# row 1 of the full causal pass: [[7.4, 2.6]]
+# bottom-right (L=2, S=4) keeps: [[1, 1, 1, 0], [1, 1, 1, 1]]
+# ```
+#
+# With `is_causal=True` the one query is numbered 0, so it sees key 0 only: as if it were
+# the *first* token, not the last. The decode step must reproduce row 1 of the full causal
+# pass, and only the bottom-right alignment does: `is_causal=False` (one new query may see
+# the whole cache) or, for several new queries at once, an explicit mask aligned to the
+# bottom right (`torch.nn.attention.bias.causal_lower_right(L, S)`, or
+# `torch.ones(L, S, dtype=torch.bool).tril(S - L)`).
+
+# %% [markdown]
+# ## 5. `dropout_p` does not know about `eval()`
+#
+# `F.scaled_dot_product_attention` is a function: it has no `training` flag. A module that
+# hard-codes `dropout_p=0.5` keeps dropping attention weights after `model.eval()`.
+#
+# **Predict.** In eval mode, do two calls of such a module on the same input agree?
+
+
+# %%
+class Attention(nn.Module):
+    def __init__(self, p, respect_eval):
+        super().__init__()
+        self.p, self.respect_eval = p, respect_eval
+
+    def forward(self, q, k, v):
+        p = self.p if (self.training or not self.respect_eval) else 0.0  # the fix: 0.0 in eval
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+
+
+for respect_eval in (False, True):
+    model = Attention(0.5, respect_eval).eval()
+    a, b = model(q2, k2, v2), model(q2, k2, v2)
+    print(f"respect_eval={respect_eval!s:<5}: two eval calls equal {torch.equal(a, b)}, "
+          f"equal to no dropout {torch.equal(a, F.scaled_dot_product_attention(q2, k2, v2))}")
+
+# %% [markdown]
+# Output:
+# ```text
+# respect_eval=False: two eval calls equal False, equal to no dropout False
+# respect_eval=True : two eval calls equal True, equal to no dropout True
+# ```
+#
+# `eval()` only flips `self.training` on modules; a functional call sees the number you
+# pass. Write `dropout_p=self.p if self.training else 0.0` (as `nn.MultiheadAttention` does
+# internally), or validation numbers will be noisy and lower than they should be.
+
+# %% [markdown]
+# ## 6. Grouped-query attention
+#
+# In grouped-query attention (GQA) several query heads share one key/value head, which
+# shrinks the KV cache. With 4 query heads and 2 KV heads, query heads 0 and 1 use KV
+# head 0, heads 2 and 3 use KV head 1.
+#
+# **Predict.** `enable_gqa=True` should equal repeating K and V along the head dimension.
+# Which repeat: `repeat_interleave(2, dim=1)` (0, 0, 1, 1) or `repeat(1, 2, 1, 1)` (0, 1, 0, 1)?
+
+# %%
+qg = torch.randn(1, 4, 5, 8)  # (B, Hq, S, D)
+kg, vg = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)  # (B, Hkv, S, D)
+out_gqa = F.scaled_dot_product_attention(qg, kg, vg, enable_gqa=True)  # (B, Hq, S, D)
+groups = qg.shape[1] // kg.shape[1]
+interleaved = F.scaled_dot_product_attention(qg, kg.repeat_interleave(groups, 1), vg.repeat_interleave(groups, 1))
+repeated = F.scaled_dot_product_attention(qg, kg.repeat(1, groups, 1, 1), vg.repeat(1, groups, 1, 1))
+print(f"enable_gqa vs repeat_interleave: equal {torch.equal(out_gqa, interleaved)}")
+print(f"enable_gqa vs repeat:            equal {torch.equal(out_gqa, repeated)}")
+try:
+    F.scaled_dot_product_attention(qg, kg, vg)
+except RuntimeError as err:
+    print(f"without enable_gqa: {err}")
+
+# %% [markdown]
+# Output:
+# ```text
+# enable_gqa vs repeat_interleave: equal True
+# enable_gqa vs repeat:            equal False
+# without enable_gqa: The size of tensor a (4) must match the size of tensor b (2) at non-singleton dimension 1
+# ```
+#
+# Consecutive query heads share a KV head, so the equivalent copy is `repeat_interleave`.
+# `enable_gqa=True` gets that result without materialising the repeated K and V. Without
+# the flag the head counts must match, and the error is a plain broadcasting error.
+
+# %% [markdown]
+# ## 7. Backends: which kernels this build has, and which one runs
+#
+# SDPA chooses among backends listed in `SDPBackend`; `sdpa_kernel(...)` restricts the
+# choice (it does not force a backend that cannot handle the inputs).
+#
+# **Predict.** On a CPU build, which backends can run? Which ATen op does a plain call reach?
+
+
+# %%
+def sdpa_op(q, k, v, **kwargs):
+    """The name of the SDPA implementation op a call reaches, read from the profiler."""
+    with profile() as prof:
+        F.scaled_dot_product_attention(q, k, v, **kwargs)
+    names = [e.key for e in prof.key_averages()]
+    return next(n for n in names if n.startswith("aten::_scaled_dot_product"))
+
+
+backends = list(SDPBackend.__members__)
+print(f"SDPBackend members: {backends}")
+x = torch.randn(1, 2, 4, 8)  # (B, H, S, D)
+for name in backends[1:]:  # ERROR is a sentinel, not a backend
+    try:
+        with sdpa_kernel(SDPBackend.__members__[name]):
+            print(f"{name:<19} -> {sdpa_op(x, x, x)}")
+    except RuntimeError as err:
+        print(f"{name:<19} -> {first_sentence(err)}")
+print(f"{'default':<19} -> {sdpa_op(x, x, x)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# SDPBackend members: ['ERROR', 'MATH', 'FLASH_ATTENTION', 'EFFICIENT_ATTENTION', 'CUDNN_ATTENTION', 'OVERRIDEABLE']
+# MATH                -> aten::_scaled_dot_product_attention_math
+# FLASH_ATTENTION     -> aten::_scaled_dot_product_flash_attention_for_cpu
+# EFFICIENT_ATTENTION -> No viable backend for scaled_dot_product_attention was found
+# CUDNN_ATTENTION     -> No viable backend for scaled_dot_product_attention was found
+# OVERRIDEABLE        -> No viable backend for scaled_dot_product_attention was found
+# default             -> aten::_scaled_dot_product_flash_attention_for_cpu
+# ```
+#
+# The enum lists every backend PyTorch knows, not what this build can run. On the CPU two
+# work: the math reference and a CPU flash kernel (tiled, with the online softmax of
+# section 1), which the default picks. Memory-efficient attention and cuDNN are CUDA
+# kernels; `OVERRIDEABLE` is for out-of-tree devices. Restricting SDPA to them leaves no
+# candidate, and the error (its next sentence blames "turning off both the math kernel and
+# the fused kernels") is the same for every such case. (The profiler also prints its own
+# start/stop lines to stderr; they are not part of the output.)
+#
+# **Predict.** On CUDA, the flash kernel takes only fp16/bf16 and no arbitrary `attn_mask`.
+# Does the CPU flash kernel refuse fp64 or a boolean mask?
+
+# %%
+keep = torch.ones(4, 4, dtype=torch.bool).tril()  # (L, S)
+for dtype in (torch.float32, torch.float64, torch.bfloat16):
+    t = torch.randn(1, 2, 4, 8, dtype=dtype)  # (B, H, S, D): tiny, bf16 matmuls are slow here
+    print(f"{str(dtype):<14} no mask -> {sdpa_op(t, t, t)}, bool mask -> {sdpa_op(t, t, t, attn_mask=keep)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# torch.float32  no mask -> aten::_scaled_dot_product_flash_attention_for_cpu, bool mask -> aten::_scaled_dot_product_flash_attention_for_cpu
+# torch.float64  no mask -> aten::_scaled_dot_product_flash_attention_for_cpu, bool mask -> aten::_scaled_dot_product_flash_attention_for_cpu
+# torch.bfloat16 no mask -> aten::_scaled_dot_product_flash_attention_for_cpu, bool mask -> aten::_scaled_dot_product_flash_attention_for_cpu
+# ```
+#
+# The CPU flash kernel takes fp32, fp64 and bf16, with or without a mask. The
+# "half precision only, no arbitrary mask" rules you will read about are limits of the CUDA
+# flash kernel; backend eligibility is per device, per build, per version. Check it with
+# the profiler rather than trusting a list (the CUDA test of this lesson does that on a GPU).
+#
+# **Predict.** A query row whose keys are *all* masked: softmax of a row of `-inf` is
+# 0/0. What does the formula give, and what does SDPA give?
+
+# %%
+keep_none = torch.tensor([[True, True], [False, False]])  # (L, S): query 1 sees no key
+print(f"formula:         {rows(formula(q2, k2, v2, keep_none)[0, 0])}")
+for name in ("MATH", "FLASH_ATTENTION"):
+    with sdpa_kernel(SDPBackend.__members__[name]):
+        out = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=keep_none)
+    print(f"{name:<16} {rows(out[0, 0])}")
+pad_all, _ = mha(q2[0], k2[0], v2[0], key_padding_mask=torch.tensor([[True, True]]), need_weights=False)
+print(f"MHA, all padded: {rows(pad_all[0])}")
+
+# %% [markdown]
+# Output:
+# ```text
+# formula:         [[4.9, 5.1], [nan, nan]]
+# MATH             [[4.9, 5.1], [0.0, 0.0]]
+# FLASH_ATTENTION  [[4.9, 5.1], [0.0, 0.0]]
+# MHA, all padded: [[0.0, 0.0], [0.0, 0.0]]
+# ```
+#
+# The textbook formula gives NaN, and a NaN spreads to the loss and every gradient. SDPA in
+# 2.13.0 returns zeros instead: the math backend uses a "safe" softmax
+# (`aten::_safe_softmax`) that writes 0 for fully masked rows, and the CPU flash kernel
+# agrees. Do not rely on it: other kernels, devices and older versions return NaN, and a
+# zero vector is not a meaningful output either. Make sure every query keeps at least one
+# key (for left padding, let padded queries see themselves, and drop their outputs from
+# the loss).
+
+# %% [markdown]
+# ## 8. FlexAttention: masks as functions, sparsity as blocks
+#
+# FlexAttention (`torch.nn.attention.flex_attention`) takes two small Python functions:
+#
+# - a `mask_mod(b, h, q_idx, kv_idx) -> bool` that says which pairs are kept;
+# - a `score_mod(score, b, h, q_idx, kv_idx) -> score` that changes a kept score.
+#
+# `create_block_mask` evaluates the `mask_mod` once, in blocks of 128 × 128, and records
+# which blocks are empty (skipped), full (no mask needed) or partial. `torch.compile`
+# then writes one fused kernel with the functions inlined.
+#
+# **Predict.** With S = 512 (a 4 × 4 grid of blocks), what fraction of blocks does a causal
+# mask skip? A sliding window of 128 keys? Three packed documents of 200, 150 and 162 tokens?
+
+# %%
+S_FLEX, WINDOW = 512, 128
+doc_lens = torch.tensor([200, 150, 162])
+doc_id = torch.repeat_interleave(torch.arange(len(doc_lens)), doc_lens)  # (S,): document of each token
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def sliding_window(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx < WINDOW)
+
+
+def document(b, h, q_idx, kv_idx):
+    return doc_id[q_idx] == doc_id[kv_idx]  # packed sequences: no attention across documents
+
+
+mask_mods = {"causal": causal, "sliding window": sliding_window,
+             "document": document, "document + causal": and_masks(document, causal)}
+block_masks = {n: create_block_mask(m, None, None, S_FLEX, S_FLEX, device="cpu") for n, m in mask_mods.items()}
+dense = {n: create_mask(m, None, None, S_FLEX, S_FLEX, device="cpu")[0, 0] for n, m in mask_mods.items()}  # (S, S)
+for name, bm in block_masks.items():
+    print(f"{name:<18} kept cells {dense[name].float().mean():.1%}  block sparsity {bm.sparsity():.2f}%")
+print(block_masks["causal"].to_string(grid_size=(4, 4)).rstrip())  # one character pair per block
+
+# %% [markdown]
+# Output:
+# ```text
+# causal             kept cells 50.1%  block sparsity 37.50%
+# sliding window     kept cells 21.9%  block sparsity 56.25%
+# document           kept cells 33.9%  block sparsity 37.50%
+# document + causal  kept cells 17.0%  block sparsity 56.25%
+# (0, 0)
+# ██
+# ████
+# ██████
+# ████████
+# ```
+#
+# Sparsity counts whole blocks: a causal 4 × 4 grid computes 10 of 16 blocks, so 37.5 % are
+# skipped, even though half the *cells* are masked (the diagonal blocks are partial: they
+# are computed, with the mask applied inside). The document mask keeps a third of the cells
+# but cuts across block boundaries (200 is not a multiple of 128), so it skips only 6 of 16
+# blocks. Block sparsity is what saves time; the masked cells inside a partial block still
+# cost.
+
+
+# %%
+def plot_masks(dense, block_masks, block=128):
+    """The dense masks as images, with the block grid and each mask's block sparsity."""
+    fig, axes = plt.subplots(1, len(dense), figsize=(3.2 * len(dense), 3.4))
+    for ax, (name, keep) in zip(axes, dense.items()):
+        ax.imshow(keep.numpy(), cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
+        for edge in range(block, keep.shape[0], block):
+            ax.axhline(edge - 0.5, color="0.6", lw=0.5)
+            ax.axvline(edge - 0.5, color="0.6", lw=0.5)
+        ax.set_title(f"{name}\nblock sparsity {block_masks[name].sparsity():.2f}%", fontsize=9)
+        ax.set_xlabel("key index")
+    axes[0].set_ylabel("query index")
+    fig.tight_layout()
+    return fig
+
+
+fig = plot_masks(dense, block_masks)
+fig.savefig(HERE / "masks.png", dpi=100)
+print("saved masks.png")
+
+# %% [markdown]
+# Output:
+# ```text
+# saved masks.png
+# ```
+#
+# **Predict.** Can we train through FlexAttention on this CPU?
+
+# %%
+qr = torch.randn(1, 2, S_FLEX, 16, requires_grad=True)  # (B, H, S, D)
+try:
+    flex_attention(qr, qr, qr, block_mask=block_masks["causal"])
+except NotImplementedError as err:
+    print(f"NotImplementedError: {err}")
+
+# %% [markdown]
+# Output:
+# ```text
+# NotImplementedError: FlexAttention does not support backward on CPU. Please set the input requires_grad to False or use another device.
+# ```
+#
+# No: in 2.13.0 FlexAttention refuses CPU inputs that require grad, before computing
+# anything. Forward (inference) works; the backward check of this lesson runs in a CUDA
+# test.
+#
+# ## 9. One compiled kernel, checked against SDPA
+#
+# `torch.compile(flex_attention)` inlines the `mask_mod` and `score_mod` into the kernel it
+# generates, so four different mask functions mean four kernels and four compiles (several
+# seconds each on this CPU). The masks above are all *intervals*: query i keeps the keys
+# from `first[i]` to `last[i]`. Written that way, one `mask_mod` covers them all and only
+# the data changes: one compile. We add ALiBi as the `score_mod`: head h adds
+# `slope[h] · (kv − q)` to each score, a penalty that grows with distance.
+#
+# **Predict.** Do the interval masks equal the four mask functions? Does compiled flex with
+# ALiBi equal SDPA given the same bias and mask as a dense float `attn_mask`?
+
+
+# %%
+def interval_mask(first, last):
+    """A mask_mod keeping keys first[q] <= kv <= last[q]: one code, any interval data."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx >= first[q_idx]) & (kv_idx <= last[q_idx])
+    return mask_mod
+
+
+pos = torch.arange(S_FLEX)
+doc_start = (torch.cumsum(doc_lens, 0) - doc_lens)[doc_id]  # (S,)
+doc_end = torch.cumsum(doc_lens, 0)[doc_id] - 1  # (S,)
+intervals = {"causal": (torch.zeros_like(pos), pos), "sliding window": ((pos - WINDOW + 1).clamp(min=0), pos),
+             "document": (doc_start, doc_end), "document + causal": (doc_start, pos)}
+for name, (first, last) in intervals.items():
+    keep = create_mask(interval_mask(first, last), None, None, S_FLEX, S_FLEX, device="cpu")[0, 0]  # (S, S)
+    print(f"{name:<18} interval mask equals the mask function: {torch.equal(keep, dense[name])}")
+
+# %% [markdown]
+# Output:
+# ```text
+# causal             interval mask equals the mask function: True
+# sliding window     interval mask equals the mask function: True
+# document           interval mask equals the mask function: True
+# document + causal  interval mask equals the mask function: True
+# ```
+
+
+# %%
+def alibi(slopes):
+    """A score_mod adding slopes[h] * (kv - q): closures, not globals, carry the data."""
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+    return score_mod
+
+
+def dense_bias(keep):
+    """ALiBi bias plus -inf where masked: the float attn_mask that SDPA needs to match flex."""
+    bias = slopes.view(-1, 1, 1) * (pos.view(1, 1, -1) - pos.view(1, -1, 1))  # (H, S, S)
+    return bias.masked_fill(~keep, float("-inf")).unsqueeze(0)  # (1, H, S, S)
+
+
+def graph_count():
+    """Graphs Dynamo has compiled in this process so far (other lessons may have compiled some)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+H_FLEX = 2
+slopes = 2.0 ** (-8 * torch.arange(1, H_FLEX + 1) / H_FLEX)  # ALiBi slopes: 1/16, 1/256
+qf, kf, vf = (torch.randn(1, H_FLEX, S_FLEX, 16) for _ in range(3))  # (B, H, S, D)
+flex = torch.compile(flex_attention)
+graphs_before, errors = graph_count(), {}
+for i, (name, (first, last)) in enumerate(intervals.items()):
+    bm = create_block_mask(interval_mask(first, last), None, None, S_FLEX, S_FLEX, device="cpu")
+    t0 = time.perf_counter()
+    out_flex = flex(qf, kf, vf, score_mod=alibi(slopes), block_mask=bm)  # (B, H, S, D)
+    seconds = time.perf_counter() - t0
+    out_dense = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=dense_bias(dense[name]))
+    errors[name] = (out_flex - out_dense).abs().max().item()
+    took = f"compile + run {seconds:.2f} s" if i == 0 else f"run {seconds * 1e3:.1f} ms"
+    print(f"{name:<18} {took}, below 1e-5: {errors[name] < 1e-5}")
+print(f"largest error {max(errors.values()):.1e} (fp32)")
+n_graphs = graph_count() - graphs_before
+print(f"graphs compiled: {n_graphs}")
+
+# %% [markdown]
+# Output:
+# ```text
+# causal             compile + run «time» s, below 1e-5: True
+# sliding window     run «time» ms, below 1e-5: True
+# document           run «time» ms, below 1e-5: True
+# document + causal  run «time» ms, below 1e-5: True
+# largest error «number» (fp32)
+# graphs compiled: 1
+# ```
+#
+# The first call compiles (Dynamo traces flex, Inductor writes and compiles a C++ kernel
+# with `interval_mask` and `alibi` inlined): 8–20 s with a cold cache here, about 1 s warm.
+# The other calls reuse that kernel, because only tensors changed, and take a few
+# milliseconds. The errors (a few 1e-7 on this machine) are fp32 rounding: flex and SDPA sum
+# in different orders, which depend on the CPU's vector width. Had we passed the four mask
+# functions of section 8 instead, Dynamo would have compiled four graphs. Timings and
+# errors are machine-dependent, hence the placeholders.
+#
+# The data travels in closures (`interval_mask(first, last)`, `alibi(slopes)`) rather than
+# through module globals: Dynamo guards on what a compiled function reads, and closure
+# cells are the robust way to hand it tensors.
+
+# %% [markdown]
+# ## 10. On a GPU
+#
+# The CUDA tests of this file (`make test-gpu`) time the flash, memory-efficient, cuDNN
+# and math backends on bf16 causal attention at growing S and record
+# `torch.cuda.max_memory_allocated`: the math backend's extra memory grows as S², the
+# fused ones' as S. They also check FlexAttention's backward against SDPA's. They have not
+# been run for this version of the lesson (no GPU was available); their printed table is
+# the result to record here when one is.
+
+# %% [markdown]
+# ## Summary
+#
+# - Attention = softmax(QKᵀ/√d + M)·V: B·H·S·S scores (134,217,728 for two heads at
+#   S = 8192, 512 MiB in fp32). Fused kernels tile K and V with an online softmax, so they
+#   never store the scores; backward recomputes them.
+# - `sdpa_kernel(SDPBackend.MATH)` gives the reference; it equals the formula, forward and
+#   gradients, in float64.
+# - SDPA's boolean mask: True = keep. `key_padding_mask`: True = ignore. Float masks add.
+# - `is_causal=True` aligns to the upper left; a decode step needs `is_causal=False` (one
+#   query) or a bottom-right mask (`causal_lower_right`).
+# - `dropout_p` is applied whatever `eval()` says: pass `0.0` at inference.
+# - `enable_gqa=True` equals `repeat_interleave` of the K/V heads, without the copies.
+# - On this CPU build: MATH and a CPU flash kernel (the default; fp32/fp64/bf16, masks
+#   allowed); EFFICIENT/CUDNN fail with "No viable backend". All-masked rows give 0 in
+#   SDPA 2.13.0 and NaN in the formula: avoid them.
+# - FlexAttention: `mask_mod` + `create_block_mask` (block sparsity) + `score_mod`, one
+#   compiled kernel per pair of functions; put the varying data in tensors to compile
+#   once. No backward on CPU in 2.13.0.
+#
+# ## Exercises
+#
+# Open `exercises.py` in this folder and implement:
+#
+# 1. `sdpa_reference(q, k, v, attn_mask, is_causal, enable_gqa)`: SDPA's contract in a few
+#    lines: boolean and float masks, upper-left causal, GQA, zeros for all-masked rows.
+# 2. `document_causal_mask(doc_lens)`: a `mask_mod` for packed documents, causal inside
+#    each document.
+# 3. `tiled_attention(q, k, v, block)`: attention with the online softmax, never holding
+#    more than `block` keys' scores at a time.
+#
+# Check them with `make exercises N=07`; `solutions.py` has one way to write them.

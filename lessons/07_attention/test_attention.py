@@ -1,0 +1,388 @@
+"""Tests of lesson 07: documented outputs, the lesson's key values (mask conventions, causal
+alignment, GQA, backends, block masks, the compiled flex check), its figures, the exercises,
+and on CUDA the backends' time and peak memory and FlexAttention's backward.
+
+The lesson compiles FlexAttention once, when the `lesson` fixture runs the script; these tests
+read its results from `lesson.ns` and never compile flex again on the CPU.
+"""
+
+import math
+import statistics
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, create_mask
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def test_script_outputs(lesson):
+    lesson.check()
+
+
+def test_notebook_outputs(lesson_notebook):
+    lesson_notebook.check()
+
+
+# ----------------------------------------------------------------------------------------
+# Key values of the lesson, read from the namespace the script left behind
+
+
+def test_score_cells_and_tiles(lesson):
+    ns = lesson.ns
+    assert ns["score_cells"](1, 2, 4) == 32
+    assert ns["score_cells"](1, 2, 8192) == 134_217_728 == 2 * 8192**2
+    assert ns["score_cells"](1, 2, 1, 8) == 16  # one query against 8 keys
+    # the tile working set does not depend on S, and is far below the S=8192 scores
+    assert ns["tile_bytes"]() < 4 * ns["score_cells"](1, 1, 1024)
+
+
+def test_math_backend_is_the_formula(lesson):
+    ns = lesson.ns
+    assert ns["out_sdpa"].dtype == torch.float64 and ns["out_sdpa"].shape == ns["shape"]
+    torch.testing.assert_close(ns["out_sdpa"], ns["out_ref"])
+    for a, b in zip(ns["grads_sdpa"], ns["grads_ref"]):
+        assert a.abs().sum() > 0  # real gradients, not zeros
+        torch.testing.assert_close(a, b)
+
+
+def test_mask_conventions(lesson):
+    ns = lesson.ns
+    q2, k2, v2, mha = ns["q2"], ns["k2"], ns["v2"], ns["mha"]
+    value0 = v2[0, 0, 0]  # [10, 0]
+    assert torch.equal(ns["out_keep"][0, 0], value0.expand(2, 2))
+    # the identity MHA is SDPA on the same data ...
+    torch.testing.assert_close(mha(q2[0], k2[0], v2[0], need_weights=False)[0][0],
+                               F.scaled_dot_product_attention(q2, k2, v2)[0, 0])
+    # ... and its key_padding_mask is SDPA's keep mask inverted
+    pad = ~ns["keep_key0"][:1]  # (1, S): True = padding
+    out_mha = mha(q2[0], k2[0], v2[0], key_padding_mask=pad, need_weights=False)[0]
+    torch.testing.assert_close(out_mha[0], ns["out_keep"][0, 0])
+
+
+def test_causal_alignment(lesson):
+    ns = lesson.ns
+    v2 = ns["v2"]
+    assert torch.equal(ns["upper_left"][0, 0, 0], v2[0, 0, 0])  # sees key 0 only
+    torch.testing.assert_close(ns["lower_right"], ns["full"])
+    torch.testing.assert_close(ns["no_mask"], ns["full"])
+    assert not torch.allclose(ns["upper_left"], ns["full"])
+    # causal_lower_right(L, S) is the boolean tril(S - L) mask printed by the lesson
+    from torch.nn.attention.bias import causal_lower_right
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, n, 4, generator=gen) for n in (2, 4, 4))
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(2, 4)),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=ns["bottom_right"]))
+    assert ns["bottom_right"].sum() == 7
+
+
+def test_dropout_and_gqa(lesson):
+    ns = lesson.ns
+    model = ns["Attention"](0.5, False).eval()
+    q2, k2, v2 = ns["q2"], ns["k2"], ns["v2"]
+    assert not torch.equal(model(q2, k2, v2), model(q2, k2, v2))
+    fixed = ns["Attention"](0.5, True).eval()
+    assert torch.equal(fixed(q2, k2, v2), F.scaled_dot_product_attention(q2, k2, v2))
+    assert not torch.equal(fixed.train()(q2, k2, v2), fixed(q2, k2, v2))  # training still drops
+    assert torch.equal(ns["out_gqa"], ns["interleaved"]) and not torch.equal(ns["out_gqa"], ns["repeated"])
+    assert ns["out_gqa"].shape == ns["qg"].shape
+
+
+def test_backends(lesson):
+    ns = lesson.ns
+    assert ns["backends"] == ["ERROR", "MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION",
+                              "CUDNN_ATTENTION", "OVERRIDEABLE"]
+    x = ns["x"]
+    assert ns["sdpa_op"](x, x, x) == "aten::_scaled_dot_product_flash_attention_for_cpu"
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), pytest.raises(RuntimeError, match="No viable backend"):
+        F.scaled_dot_product_attention(x, x, x)
+
+
+def test_all_masked_rows(lesson):
+    ns = lesson.ns
+    q2, k2, v2, keep_none = ns["q2"], ns["k2"], ns["v2"], ns["keep_none"]
+    assert torch.isnan(ns["formula"](q2, k2, v2, keep_none)[0, 0, 1]).all()
+    out = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=keep_none)
+    assert torch.equal(out[0, 0, 1], torch.zeros(2, dtype=torch.float64))
+    torch.testing.assert_close(out[0, 0, 0], ns["formula"](q2, k2, v2)[0, 0, 0])
+
+
+def computed_block_fraction(keep, block=128):
+    """Fraction of block-sized tiles of a dense (S, S) mask that hold at least one True."""
+    n = keep.shape[0] // block
+    tiles = keep.view(n, block, n, block).any(dim=3).any(dim=1)  # (n, n)
+    return tiles.float().mean().item()
+
+
+def test_block_masks(lesson):
+    ns = lesson.ns
+    S, dense, block_masks = ns["S_FLEX"], ns["dense"], ns["block_masks"]
+    assert list(dense) == ["causal", "sliding window", "document", "document + causal"]
+    for name, bm in block_masks.items():
+        assert bm.shape == (1, 1, S, S) and bm.BLOCK_SIZE == (128, 128)
+        assert bm.sparsity() == pytest.approx(100 * (1 - computed_block_fraction(dense[name])))
+    assert block_masks["causal"].sparsity() == 37.5
+    assert dense["causal"].sum() == S * (S + 1) // 2
+    assert dense["document"].sum() == sum(n * n for n in ns["doc_lens"].tolist())
+    assert dense["sliding window"].sum(dim=1).max() == ns["WINDOW"]
+
+
+def test_flex_check(lesson):
+    ns = lesson.ns
+    assert ns["n_graphs"] == 1  # one compile for the four masks
+    assert set(ns["errors"]) == set(ns["dense"]) and max(ns["errors"].values()) < 1e-5
+    qr = ns["qr"]
+    with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
+        ns["flex_attention"](qr, qr, qr, block_mask=ns["block_masks"]["causal"])
+    # the dense reference really has the ALiBi bias: head 0 penalises distance 3 by 3/16
+    bias = ns["dense_bias"](ns["dense"]["causal"])
+    assert bias.shape == (1, 2, ns["S_FLEX"], ns["S_FLEX"])
+    assert bias[0, 0, 5, 2] == -3 / 16 and bias[0, 1, 5, 2] == -3 / 256 and bias[0, 0, 2, 5] == -math.inf
+
+
+def test_mask_figure(lesson):
+    ns = lesson.ns
+    fig = ns["plot_masks"](ns["dense"], ns["block_masks"])
+    axes = fig.get_axes()
+    assert len(axes) == 4
+    for ax, (name, keep) in zip(axes, ns["dense"].items()):
+        assert ax.get_title() == f"{name}\nblock sparsity {ns['block_masks'][name].sparsity():.2f}%"
+        (image,) = ax.get_images()
+        assert (image.get_array() == keep.numpy()).all()
+        assert ax.get_xlabel() == "key index"
+    assert axes[0].get_ylabel() == "query index"
+    assert (ns["HERE"] / "masks.png").is_file()
+
+
+def test_memory_figure(lesson):
+    ns = lesson.ns
+    fig = ns["plot_memory"](ns["seq_lens"])
+    (ax,) = fig.get_axes()
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    s = lines["scores, fp32"].get_xdata()
+    assert list(s) == ns["seq_lens"]
+    assert (lines["scores, fp32"].get_ydata() == 4 * 2 * s**2).all()
+    assert (lines["scores, bf16"].get_ydata() == 2 * 2 * s**2).all()
+    tile = lines["tiled kernel working set"].get_ydata()
+    assert (tile == tile[0]).all() and tile[0] == 2 * ns["tile_bytes"]()
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert (ns["HERE"] / "score_memory.png").is_file()
+
+
+# ----------------------------------------------------------------------------------------
+# Exercises
+
+
+def sdpa_math(*args, **kwargs):
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(*args, **kwargs)
+
+
+def qkv(gen, b=2, hq=2, hkv=None, L=5, S=5, d=4, dv=None):
+    hkv = hkv or hq
+    q = torch.randn(b, hq, L, d, generator=gen, dtype=torch.float64)
+    k = torch.randn(b, hkv, S, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(b, hkv, S, dv or d, generator=gen, dtype=torch.float64)
+    return q, k, v
+
+
+SDPA_CASES = {  # name: (qkv sizes, SDPA keyword arguments built from the generator)
+    "plain": (dict(), lambda g, L, S: {}),
+    "value-size-differs": (dict(d=4, dv=7), lambda g, L, S: {}),
+    "bool-mask": (dict(), lambda g, L, S: {"attn_mask": torch.rand(L, S, generator=g) > 0.4}),
+    "bool-mask-per-head": (dict(), lambda g, L, S: {"attn_mask": torch.rand(2, 1, L, S, generator=g) > 0.3}),
+    "float-mask": (dict(), lambda g, L, S: {"attn_mask": torch.randn(L, S, generator=g, dtype=torch.float64)}),
+    "causal-square": (dict(), lambda g, L, S: {"is_causal": True}),
+    "causal-few-queries": (dict(L=2, S=6), lambda g, L, S: {"is_causal": True}),
+    "causal-many-queries": (dict(L=6, S=3), lambda g, L, S: {"is_causal": True}),
+    "gqa": (dict(hq=6, hkv=2), lambda g, L, S: {"enable_gqa": True}),
+    "gqa-causal": (dict(hq=4, hkv=2, L=3, S=5), lambda g, L, S: {"enable_gqa": True, "is_causal": True}),
+    "rectangular": (dict(L=3, S=8, dv=2), lambda g, L, S: {}),
+}
+
+
+@pytest.mark.exercise("sdpa_reference")
+@pytest.mark.parametrize("case", SDPA_CASES, ids=list(SDPA_CASES))
+def test_sdpa_reference(exercise_module, case):
+    sizes, make_kwargs = SDPA_CASES[case]
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        q, k, v = qkv(gen, **sizes)
+        kwargs = make_kwargs(gen, q.shape[-2], k.shape[-2])
+        got = exercise_module.sdpa_reference(q, k, v, **kwargs)
+        torch.testing.assert_close(got, sdpa_math(q, k, v, **kwargs))
+
+
+@pytest.mark.exercise("sdpa_reference")
+def test_sdpa_reference_all_masked_rows(exercise_module):
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = qkv(gen, L=3, S=4)
+    keep = torch.tensor([[True, False, True, False], [False] * 4, [True] * 4])  # row 1: no key
+    minus_inf = torch.zeros(3, 4, dtype=torch.float64).masked_fill(~keep, float("-inf"))
+    for mask in (keep, minus_inf):
+        got = exercise_module.sdpa_reference(q, k, v, attn_mask=mask)
+        assert not got.isnan().any(), "a fully masked row must give zeros, not NaN"
+        torch.testing.assert_close(got, sdpa_math(q, k, v, attn_mask=mask))
+        assert torch.equal(got[:, :, 1], torch.zeros_like(got[:, :, 1]))
+
+
+def brute_document_causal(doc_lens):
+    doc = [d for d, n in enumerate(doc_lens) for _ in range(n)]
+    n = len(doc)
+    return torch.tensor([[doc[i] == doc[j] and j <= i for j in range(n)] for i in range(n)])
+
+
+DOC_CASES = [[3, 5, 2], [1, 1, 1], [7], [4, 1, 3], [1, 6], [2, 2, 2, 2]]
+
+
+@pytest.mark.exercise("document_causal_mask")
+@pytest.mark.parametrize("doc_lens", DOC_CASES, ids=[str(c) for c in DOC_CASES])
+def test_document_causal_mask(exercise_module, doc_lens):
+    n = sum(doc_lens)
+    mask_mod = exercise_module.document_causal_mask(doc_lens)
+    got = create_mask(mask_mod, None, None, n, n, device="cpu")[0, 0]
+    assert got.dtype == torch.bool
+    assert torch.equal(got, brute_document_causal(doc_lens)), got.int()
+    as_tensor = create_mask(exercise_module.document_causal_mask(torch.tensor(doc_lens)), None, None, n, n, device="cpu")
+    assert torch.equal(as_tensor[0, 0], got)
+
+
+@pytest.mark.exercise("document_causal_mask")
+def test_document_causal_block_mask(exercise_module):
+    doc_lens = [100, 200, 212]  # 512 tokens: a 4 x 4 grid of 128-blocks
+    bm = create_block_mask(exercise_module.document_causal_mask(doc_lens), None, None, 512, 512, device="cpu")
+    expected = 100 * (1 - computed_block_fraction(brute_document_causal(doc_lens)))
+    assert bm.sparsity() == pytest.approx(expected)
+
+
+class LargestOutput(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+TILED_CASES = {  # name: (L, S, D, Dv, block)
+    "even-split": (16, 64, 4, 4, 16),
+    "ragged-last-block": (16, 50, 4, 3, 16),
+    "block-of-one": (4, 9, 2, 5, 1),
+    "block-larger-than-S": (8, 5, 4, 4, 8),
+    "few-queries": (1, 40, 8, 8, 7),
+}
+
+
+@pytest.mark.exercise("tiled_attention")
+@pytest.mark.parametrize("case", TILED_CASES, ids=list(TILED_CASES))
+def test_tiled_attention_matches_sdpa(exercise_module, case):
+    L, S, d, dv, block = TILED_CASES[case]
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = qkv(gen, L=L, S=S, d=d, dv=dv)
+    torch.testing.assert_close(exercise_module.tiled_attention(q, k, v, block), sdpa_math(q, k, v))
+
+
+@pytest.mark.exercise("tiled_attention")
+def test_tiled_attention_large_scores(exercise_module):
+    """Scores near 2000: exp() of a raw score overflows, so the running maximum is needed."""
+    gen = torch.Generator().manual_seed(10)
+    q, k, v = qkv(gen, L=6, S=20, d=4)
+    q = q * 400  # scores |q.k| / 2 reach a few thousand
+    assert (q @ k.transpose(-2, -1) / 2).abs().max() > 1000
+    got = exercise_module.tiled_attention(q, k, v, 6)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, sdpa_math(q, k, v))
+
+
+@pytest.mark.exercise("tiled_attention")
+def test_tiled_attention_never_holds_the_scores(exercise_module):
+    gen = torch.Generator().manual_seed(11)
+    b, h, L, S, d, block = 1, 2, 64, 64, 4, 8
+    q, k, v = qkv(gen, b=b, hq=h, L=L, S=S, d=d)
+    with LargestOutput() as watch:
+        got = exercise_module.tiled_attention(q, k, v, block)
+    torch.testing.assert_close(got, sdpa_math(q, k, v))
+    full = b * h * L * S  # 8192 scores; a chunk holds b*h*L*block = 1024
+    assert watch.largest <= b * h * L * max(block, d), f"an op returned {watch.largest} elements (full: {full})"
+
+
+# ----------------------------------------------------------------------------------------
+# CUDA: backends' time and peak memory vs S (bf16, causal), and FlexAttention's backward
+
+
+def cuda_median_ms(fn, repeats=5):
+    fn()  # warm up: first calls pick kernels and allocate workspaces
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()  # the GPU runs asynchronously: read the events once it is done
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+CUDA_BACKENDS = ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"]
+
+
+@pytest.mark.cuda
+def test_cuda_backends_time_and_memory():
+    torch.manual_seed(0)
+    b, h, d = 1, 8, 64
+    rows, peaks = [], {}
+    for S in (1024, 2048, 4096, 8192):
+        q, k, v = (torch.randn(b, h, S, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        with sdpa_kernel(SDPBackend.MATH):
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=True).float()
+        for name in CUDA_BACKENDS:
+            run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+            try:
+                with sdpa_kernel(SDPBackend.__members__[name]):
+                    out = run()
+                    ms = cuda_median_ms(run)
+                    torch.cuda.synchronize()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    run()
+                    torch.cuda.synchronize()
+                    peak = torch.cuda.max_memory_allocated() - base
+            except RuntimeError as err:  # a backend this GPU or build lacks: record it, go on
+                rows.append(f"S={S:>5} {name:<19} unavailable: {str(err).splitlines()[0][:60]}")
+                continue
+            assert (out.float() - ref).abs().max() < 5e-2  # bf16 outputs agree
+            peaks[name, S] = peak
+            rows.append(f"S={S:>5} {name:<19} {ms:8.3f} ms  peak +{peak / 2**20:8.1f} MiB")
+    print("\n".join(rows))
+    # the math backend materialises the scores: its extra memory grows ~4x per doubling of S
+    assert peaks["MATH", 8192] > 3 * peaks["MATH", 4096]
+    assert peaks["FLASH_ATTENTION", 8192] < 2.5 * max(peaks["FLASH_ATTENTION", 4096], 1)
+    assert peaks["FLASH_ATTENTION", 8192] < peaks["MATH", 8192] / 10
+
+
+@pytest.mark.cuda
+def test_cuda_flex_attention_backward():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch.manual_seed(0)
+    S = 512
+    q, k, v = (torch.randn(1, 2, S, 64, device="cuda", requires_grad=True) for _ in range(3))
+    bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, S, S, device="cuda")
+    grad = torch.randn(1, 2, S, 64, device="cuda")
+    out_flex = torch.compile(flex_attention)(q, k, v, block_mask=bm)
+    grads_flex = torch.autograd.grad(out_flex, (q, k, v), grad)
+    out_sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    grads_sdpa = torch.autograd.grad(out_sdpa, (q, k, v), grad)
+    torch.testing.assert_close(out_flex, out_sdpa, atol=2e-3, rtol=2e-3)
+    for a, b in zip(grads_flex, grads_sdpa):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)  # TF32 matmuls on recent GPUs
+    print(f"flex backward max |dQ - dQ_sdpa| {(grads_flex[0] - grads_sdpa[0]).abs().max().item():.2e}")
