@@ -47,7 +47,9 @@ def test_cpu_timings_agree_with_and_without_sync(lesson):
     runs, med = lesson.ns["runs"], lesson.ns["med"]
     assert len(runs["sync"]) == len(runs["no sync"]) == 15
     assert all(t > 0 for v in runs.values() for t in v)
-    assert 1 / 3 < med["sync"] / med["no sync"] < 3  # the CPU has no queue
+    # the CPU has no queue: the two agree up to the noise of a shared machine (interleaved
+    # runs, so a burst of load slows both; the bound is loose on purpose)
+    assert 1 / 5 < med["sync"] / med["no sync"] < 5
 
 
 def test_time_runs_structure(lesson):
