@@ -43,4 +43,6 @@ def test_a_failing_rank_is_reported_with_its_exit_code():
     result = launch(WORKERS / "exit_code.py", nproc=2, timeout=60, args=["3"])
     assert not result.ok and not result.timed_out
     assert result.ranks[1].exit_code == 3, result.describe()
+    assert result.ranks[0].exit_code == -15, result.describe()  # stopped by torchrun's SIGTERM
     assert "rank 1: exiting with 3" in result.ranks[1].stdout
+    assert result.seconds < 30, "torchrun stopped rank 0 instead of waiting for it"

@@ -82,6 +82,7 @@ def test_dropout_and_gqa(lesson):
     ns = lesson.ns
     model = ns["Attention"](0.5, False).eval()
     q2, k2, v2 = ns["q2"], ns["k2"], ns["v2"]
+    torch.manual_seed(1)  # 2 x 2 weights: unseeded, two dropout masks coincide 1 time in 16
     assert not torch.equal(model(q2, k2, v2), model(q2, k2, v2))
     fixed = ns["Attention"](0.5, True).eval()
     assert torch.equal(fixed(q2, k2, v2), F.scaled_dot_product_attention(q2, k2, v2))

@@ -426,14 +426,15 @@ print(f"restored: backward_pass_autocast = {torch._functorch.config.backward_pas
 # %% [markdown]
 # Output:
 # ```text
-# largest gradient 33.38
-# same_as_forward: max |grad w1 gap| 0.1250  max |grad w2 gap| 0.1231
+# largest gradient «number»
+# same_as_forward: max |grad w1 gap| «number»  max |grad w2 gap| «number»
 # off            : max |grad w1 gap| 0.0000  max |grad w2 gap| 0.0000
 # restored: backward_pass_autocast = 'same_as_forward'
 # ```
 #
 # With the default, both gradients differ from eager by about 0.12 (on gradients up to 33,
-# that is the size of a bf16 rounding error: bf16 keeps 8 significant bits). The compiled
+# that is the size of a bf16 rounding error: bf16 keeps 8 significant bits; the exact
+# values depend on the CPU's bf16 kernels, so they are «number» above). The compiled
 # backward ran the fp32 region's matmuls (`grad_y @ w2.T` and `h1.T @ grad_y`) under bf16
 # autocast, where eager ran them in fp32; the error in the gradient of `h1` then flows on
 # into `grad w1`. With `"off"` the compiled backward runs without autocast, as eager's
@@ -568,7 +569,7 @@ print(f"generated code lives in {Path(chain_files[0]).parent.parent}")
 # code. Each generated file is a Python module (the *wrapper*: allocate the output, call the
 # kernel) that carries the kernel's C++ source in a string; open it to see one flat loop
 # over all 4,194,304 elements, 16 per step, written with `at::vec::Vectorized<float>` SIMD
-# operations (AVX2 on this machine). `TORCH_LOGS=output_code` prints the same code when it
+# operations (AVX2 or AVX-512: `torch.backends.cpu.get_cpu_capability()` says which). `TORCH_LOGS=output_code` prints the same code when it
 # is compiled. (We found the files by watching an internal function, Inductor's
 # `PyCodeCache.load_by_key_path`, with `unittest.mock`; the path is the cache directory,
 # so it depends on where you run.)
