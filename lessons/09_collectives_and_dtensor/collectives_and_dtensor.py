@@ -1,0 +1,544 @@
+# %% [markdown]
+# # 09 · Collectives and DTensor: two processes, one tensor
+#
+# Distributed training is several processes (*ranks*) that each run the same script on
+# their own piece of the work and meet in *collectives*: calls that every rank of a
+# *process group* makes together, like summing a gradient across ranks. This lesson starts
+# two ranks on this CPU, runs every basic collective on a small vector, breaks the rule that
+# holds them together, and then shows DTensor: a tensor whose placement across ranks is
+# written in its type, so that PyTorch itself picks the collective.
+#
+# **What you will learn**
+#
+# - what world size, rank, local rank, backend and process group are, and where torchrun
+#   puts them;
+# - what all_reduce, all_gather, reduce_scatter, broadcast and barrier compute, on the
+#   sum-partials [1, 2] (rank 0) and [10, 20] (rank 1) of the vector [11, 22];
+# - why the order of collectives is a contract, how a broken one ends (an error after a
+#   timeout you set, not a hang), and how `TORCH_DISTRIBUTED_DEBUG=DETAIL` and
+#   `monitored_barrier` name the culprit;
+# - DeviceMesh and the DTensor placements Shard, Replicate and Partial; which collective
+#   each redistribution runs; a sharded matmul whose result is Partial.
+#
+# **Prerequisites:** lessons 01 (tensors) and 06 (devices); Python's `subprocess`.
+#
+# **How to run:** `python lessons/09_collectives_and_dtensor/collectives_and_dtensor.py` or
+# `make lesson N=09` from the repository root, or open `collectives_and_dtensor.ipynb`. It
+# launches two 2-rank runs of `worker.py` (about 15 s in all, on the CPU, with the gloo
+# backend). You can run the worker yourself, each rank's output then interleaved:
+# `torchrun --standalone --nproc-per-node=2 lessons/09_collectives_and_dtensor/worker.py collectives`
+# (or `mismatch`; add `--backend nccl` on a machine with 2 GPUs). Each printing cell is followed
+# by an *Output* block: what it printed with the pinned PyTorch (2.13.0), checked by
+# `make test`.
+
+# %%
+import ast
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.patches import Rectangle
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+WORKER = HERE / "worker.py"
+GRACE_S = 3.0  # after SIGTERM, how long torchrun gets to stop its ranks itself
+
+
+class Run(NamedTuple):
+    code: int  # torchrun's exit status
+    seconds: float  # wall time of the whole launch
+    out: dict  # {rank: what the rank printed}
+    err: dict  # {rank: what the rank wrote to stderr (warnings, tracebacks)}
+
+
+def kill_sessions(pids):
+    for pid in pids:  # each of these leads a process session of its own
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # already gone
+
+
+def launch(part, timeout=60.0):
+    """Run `worker.py part` on 2 ranks under a hard timeout; never leave a process behind."""
+    logs = Path(tempfile.mkdtemp(prefix="lesson09-"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "--log-dir", str(logs), "--redirects", "3", str(WORKER), part]
+    start = time.monotonic()
+    with open(logs / "torchrun.log", "w") as agent_log:
+        proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=agent_log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # the ranks are torchrun's children: find them while torchrun still lives
+            ps = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+            proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its ranks
+            try:
+                proc.wait(GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+            kill_sessions([proc.pid, *map(int, ps.stdout.split())])
+            code = proc.wait()
+    read = lambda name: {int(f.parent.name): f.read_text() for f in logs.glob(f"*/attempt_0/*/{name}")}  # noqa: E731
+    run = Run(code, time.monotonic() - start, read("stdout.log"), read("stderr.log"))
+    shutil.rmtree(logs, ignore_errors=True)
+    return run
+
+
+HEADER = re.compile(r"rank \d+: == .* ==")  # the line that starts a section
+
+
+def section(run, name):
+    """{rank: [lines]} of one `== name ==` section of the worker's output."""
+    found = {}
+    for rank, text in sorted(run.out.items()):
+        lines = text.splitlines()
+        start = lines.index(f"rank {rank}: == {name} ==") + 1
+        ends = [i for i in range(start, len(lines)) if HEADER.fullmatch(lines[i])]
+        end = ends[0] if ends else len(lines)
+        found[rank] = lines[start:end]
+    return found
+
+
+def show(run, name):
+    for rank, lines in section(run, name).items():
+        for line in lines:
+            print(line)
+
+
+# %% [markdown]
+# ## 1. Launching ranks without ever hanging
+#
+# `torchrun` (the module `torch.distributed.run`) starts one Python process per rank and
+# tells each, through environment variables, who it is: `RANK` (0 or 1 here), `WORLD_SIZE`
+# (2), `LOCAL_RANK` (its number on this machine: the GPU it should use), and where rank 0
+# listens so that the others can find it (`MASTER_ADDR`, `MASTER_PORT`; `--standalone`
+# picks a free port on localhost). The `launch` function above wraps it in four precautions,
+# each learnt the hard way on this machine:
+#
+# - **A hard timeout.** A rank stuck in a collective waits for its partner for as long as
+#   its process group's timeout, and gloo's default is 30 minutes. The worker sets short
+#   timeouts, but a launch can hang before they apply (a rank stuck at start-up, a
+#   rendezvous that never completes), so `launch` bounds it from the outside too.
+# - **Killing what is left, session by session.** torchrun runs in a process session of its
+#   own (`start_new_session=True`), so that one `killpg` reaches it and anything it spawned.
+#   But torchrun starts each rank in *its own* session as well: killing torchrun's session
+#   leaves the ranks running (measured: both ranks of a hung worker survived it). So on
+#   timeout `launch` first lists torchrun's children (the ranks), sends torchrun SIGTERM,
+#   which it forwards to the ranks, gives it 3 s, then SIGKILLs torchrun's session and each
+#   rank's. A rank's children (none here) share its session and die with it.
+# - **One file per rank.** `--log-dir` with `--redirects 3` sends each rank's stdout and
+#   stderr to `DIR/<run id>/attempt_0/<rank>/stdout.log` and `stderr.log`: two ranks
+#   printing at once to one terminal can interleave *inside* a line. The worker still
+#   prints each line with one `print` call, prefixed `rank N:`, for when you run it by hand.
+# - **`OMP_NUM_THREADS=1`.** Two ranks on two cores: more threads per rank only fight.
+#
+# **Predict.** Both ranks run the same script. What differs between the two ranks' first
+# lines? Which lines appear only once?
+
+# %%
+run = launch("collectives")
+print(f"torchrun exit code {run.code} after {run.seconds:.1f} s, output from ranks {sorted(run.out)}")
+show(run, "world")
+
+# %% [markdown]
+# Output:
+# ```text
+# torchrun exit code 0 after «time» s, output from ranks [0, 1]
+# rank 0: rank 0 of 2, env RANK=0 LOCAL_RANK=0 WORLD_SIZE=2, device cpu
+# rank 0: backend gloo, default group ranks [0, 1]
+# rank 1: rank 1 of 2, env RANK=1 LOCAL_RANK=1 WORLD_SIZE=2, device cpu
+# ```
+#
+# Each rank read its identity from the environment torchrun gave it, then called
+# `dist.init_process_group("gloo", timeout=...)`, which used `MASTER_ADDR`/`MASTER_PORT` to
+# meet the other rank and build the *default process group*: every rank of the world, with a
+# *backend* that moves the bytes. gloo runs on CPUs over TCP; NCCL is the backend for CUDA
+# GPUs (the worker takes `--backend nccl`). Facts both ranks share (backend, group) are
+# printed by rank 0 only. The whole launch took a few seconds, most of it starting two
+# Python processes that import torch; the collectives themselves take milliseconds.
+
+# %% [markdown]
+# ## 2. Collectives on sum-partials
+#
+# Each rank holds a *partial* of one logical vector: rank 0 has [1, 2], rank 1 has
+# [10, 20], and the vector they stand for is their sum, [11, 22] (gradients computed on two
+# halves of a batch are partials like these). Every rank calls the same collectives in the
+# same order:
+#
+# - `all_reduce(x)`: every rank ends with the elementwise sum;
+# - `all_gather(list, x)`: every rank ends with every rank's x; `all_gather_single(out, x)`
+#   writes them side by side into one tensor;
+# - `reduce_scatter_single(out, x)`: sum, then rank r keeps only the r-th chunk;
+# - `broadcast(x, src=0)`: every rank ends with rank 0's x.
+#
+# **Predict.** What does each rank hold after each call? How many elements does
+# `all_gather_single` produce, and is that the vector [11, 22]?
+
+# %%
+show(run, "collectives")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: partial x = [1, 2]
+# rank 0: all_reduce            -> [11, 22]
+# rank 0: all_gather            -> [[1, 2], [10, 20]]
+# rank 0: all_gather_single     -> [1, 2, 10, 20]  (4 elements: the partials side by side)
+# rank 0: reduce_scatter_single -> [11]
+# rank 0: broadcast(src=0)      -> [1, 2]
+# rank 1: partial x = [10, 20]
+# rank 1: all_reduce            -> [11, 22]
+# rank 1: all_gather            -> [[1, 2], [10, 20]]
+# rank 1: all_gather_single     -> [1, 2, 10, 20]  (4 elements: the partials side by side)
+# rank 1: reduce_scatter_single -> [22]
+# rank 1: broadcast(src=0)      -> [1, 2]
+# ```
+#
+# `all_reduce` completes the partials: both ranks hold [11, 22]. `reduce_scatter` does the
+# same sum but leaves each rank only its half, [11] on rank 0 and [22] on rank 1: half the
+# memory, and on a ring of N ranks about half the traffic of an all-reduce (an all-reduce
+# *is* a reduce-scatter followed by an all-gather). Gathering is the classic mistake with
+# partials: `all_gather_single` puts them side by side, 4 elements where the logical vector
+# has 2, and none of the four is right. A gather is for *shards* (pieces of a tensor); a
+# reduction is for *partials* (summands of it). `broadcast` copies rank 0's tensor over
+# everyone's, the way a training run makes sure all ranks start from the same weights.
+#
+# The names are PyTorch 2.13's: `all_gather_into_tensor` and `reduce_scatter_tensor` still
+# work but emit a `FutureWarning` pointing to `all_gather_single` and
+# `reduce_scatter_single`. Every collective here is *blocking* (it returns when this rank's
+# part is done); with `async_op=True` it returns a work handle to `wait()` on instead.
+#
+# **Predict.** In the worker, rank 1 sleeps 0.5 s before calling `dist.barrier()`, rank 0
+# does not. How long does each wait inside the barrier?
+
+# %%
+show(run, "barrier")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: waited «time» s at the barrier
+# rank 1: waited «time» s at the barrier
+# ```
+#
+# Rank 0 waits about 0.5 s, rank 1 about nothing: a barrier returns on no rank before every
+# rank has entered it, so the early rank pays for the late one (times vary from run to run).
+# Every collective synchronises this way: a slow rank stalls the whole group, which is why a
+# distributed job runs at the speed of its slowest rank. The worker also ends with a barrier,
+# then `dist.destroy_process_group()`, on every exit path: without the latter, gloo's threads
+# can still be freeing a finished collective while Python shuts down, and a rank then dies
+# *after* its work with "terminate called without an active exception" (about one launch in
+# four on this machine).
+
+# %% [markdown]
+# ## 3. DeviceMesh and DTensor placements
+#
+# Calling collectives by hand means remembering, for each tensor, whether a rank holds a
+# shard, a copy or a partial. DTensor writes that down. A `DeviceMesh` names the ranks as an
+# array (here 1-D: `init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))`), and a DTensor
+# carries one *placement* per mesh dimension:
+#
+# - `Shard(0)`: split along dim 0, each rank holds one piece;
+# - `Replicate()`: every rank holds the whole tensor;
+# - `Partial()`: every rank holds a full-sized summand; the tensor is their sum.
+#
+# `distribute_tensor(t, mesh, [placement])` makes a DTensor from a tensor every rank has;
+# `DTensor.from_local(local, mesh, [placement])` declares what each rank already holds.
+#
+# **Predict.** `torch.arange(4)` distributed as `Shard(0)` and as `Replicate()`, and our
+# partials declared `Partial()`: what is the global shape of each, and what does each rank
+# hold locally?
+
+# %%
+show(run, "placements")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: mesh DeviceMesh((dp=2), 'cpu', stride=(1,))
+# rank 0: mesh coordinate dp=0
+# rank 0: S(0): global [4] local [0, 1]
+# rank 0: R: global [4] local [0, 1, 2, 3]
+# rank 0: P(sum): global [2] local [1, 2]
+# rank 1: mesh coordinate dp=1
+# rank 1: S(0): global [4] local [2, 3]
+# rank 1: R: global [4] local [0, 1, 2, 3]
+# rank 1: P(sum): global [2] local [10, 20]
+# ```
+#
+# A DTensor's shape is the *global* shape, whatever the placement: 4 for the sharded and
+# the replicated arange, 2 for the partial vector, whose value is [11, 22] though no rank
+# holds that. `to_local()` gives the rank's own piece (`S(0)`, `R` and `P(sum)` are how
+# PyTorch prints the placements). The mesh coordinate is the rank's index along `dp`; on a
+# 2-D mesh, say (2 nodes, 4 GPUs), each rank has one coordinate per dimension.
+#
+# **Predict.** `d.redistribute(mesh, [new_placement])` changes a placement. Which
+# collective must run for Shard→Replicate, Partial→Replicate, Partial→Shard(0), and
+# Replicate→Shard(0)? The worker counts them with `CommDebugMode`.
+
+# %%
+show(run, "redistribute")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: S(0) -> R: local [0, 1] -> [0, 1, 2, 3]
+# rank 0: S(0) -> R ran: all_gather_into_tensor x1
+# rank 0: P(sum) -> R: local [1, 2] -> [11, 22]
+# rank 0: P(sum) -> R ran: all_reduce x1
+# rank 0: P(sum) -> S(0): local [1, 2] -> [11]
+# rank 0: P(sum) -> S(0) ran: reduce_scatter_tensor x1
+# rank 0: R -> S(0): local [0, 1, 2, 3] -> [0, 1]
+# rank 0: R -> S(0) ran: none
+# rank 1: S(0) -> R: local [2, 3] -> [0, 1, 2, 3]
+# rank 1: P(sum) -> R: local [10, 20] -> [11, 22]
+# rank 1: P(sum) -> S(0): local [10, 20] -> [22]
+# rank 1: R -> S(0): local [0, 1, 2, 3] -> [2, 3]
+# ```
+#
+# Each redistribution is one collective from section 2: Shard→Replicate is an all-gather,
+# Partial→Replicate an all-reduce, Partial→Shard a reduce-scatter (the same [11] and [22] as
+# `reduce_scatter_single`), and Replicate→Shard needs no communication at all: every rank
+# already has the whole tensor and keeps its slice. (DTensor calls the *functional*
+# collectives, the operators in `torch.ops._c10d_functional`, which return new tensors
+# instead of writing in place; their names are not the deprecated `torch.distributed`
+# functions.) The figure
+# below draws each rank's local pieces before and after, from the lines the ranks printed.
+
+# %%
+REDIST = re.compile(r"rank (\d): (\S+) -> (\S+): local (\[.*\]) -> (\[.*\])")
+RAN = re.compile(r"rank 0: (\S+) -> (\S+) ran: (.+)")
+
+
+def redistributions(run):
+    """[(src, dst, collective, {rank: (before, after)})] parsed from the ranks' output."""
+    steps, pieces = [], {}
+    for rank, lines in section(run, "redistribute").items():
+        for line in lines:
+            if m := REDIST.fullmatch(line):
+                key = (m[2], m[3])
+                pieces.setdefault(key, {})[rank] = (ast.literal_eval(m[4]), ast.literal_eval(m[5]))
+            elif m := RAN.fullmatch(line):
+                steps.append((m[1], m[2], m[3]))
+    return [(src, dst, ran, pieces[(src, dst)]) for src, dst, ran in steps]
+
+
+COLORS = {"S": "tab:blue", "R": "tab:green", "P": "tab:orange"}
+
+
+def draw_piece(ax, values, x0, y, placement, offset):
+    """One rank's local tensor as a row of cells, at its logical offset for a shard."""
+    for i, v in enumerate(values):
+        ax.add_patch(Rectangle((x0 + offset + i, y), 1, 0.8, facecolor=COLORS[placement[0]],
+                               alpha=0.35, edgecolor="black"))
+        ax.text(x0 + offset + i + 0.5, y + 0.4, str(v), ha="center", va="center")
+
+
+def plot_redistributions(steps):
+    fig, axes = plt.subplots(len(steps), 1, figsize=(8, 1.9 * len(steps)))
+    for ax, (src, dst, ran, pieces) in zip(axes, steps):
+        for side, placement, x0 in ((0, src, 0), (1, dst, 6)):
+            for rank in sorted(pieces):
+                lower = [len(pieces[r][side]) for r in pieces if r < rank]
+                offset = sum(lower) if placement.startswith("S") else 0
+                draw_piece(ax, pieces[rank][side], x0, 1 - rank, placement, offset)
+        ax.annotate("", xy=(5.8, 0.9), xytext=(4.2, 0.9), arrowprops={"arrowstyle": "->"})
+        ax.set_title(f"{src} -> {dst}: {ran}", fontsize=10)
+        ax.set_xlim(-0.2, 10.2)
+        ax.set_ylim(-0.1, 1.9)
+        ax.set_yticks([1.4, 0.4], ["rank 0", "rank 1"])
+        ax.set_xticks([])
+    fig.suptitle("Local pieces before (left) and after (right) each redistribution")
+    fig.tight_layout()
+    return fig
+
+
+steps = redistributions(run)
+fig = plot_redistributions(steps)
+fig.savefig(HERE / "redistributions.png")
+
+# %% [markdown]
+# Read each row from left to right: blue cells are shards, drawn at their place in the
+# global tensor; green cells are replicas; orange cells are partials, whose *sum* is the
+# tensor. Shards spread out along the tensor, replicas and partials each cover all of it.
+# The colour of the right side tells you the collective that had to run: gathering blue into
+# green, summing orange into green, summing orange into blue, or (last row) no message at
+# all.
+
+# %% [markdown]
+# ## 4. A sharded matmul comes out Partial
+#
+# Placements propagate through operations. Take `a` (2×4) sharded by columns, `Shard(1)`,
+# and `b` (4×3) sharded by rows, `Shard(0)`: rank 0 holds a's first two columns and b's
+# first two rows, rank 1 the other halves. Since `a @ b = a[:, :2] @ b[:2] + a[:, 2:] @ b[2:]`,
+# each rank can multiply its pieces with no communication.
+#
+# **Predict.** What placement does DTensor give `a @ b`? What must `full_tensor()` then
+# run, and is the result exactly the single-process `a @ b`?
+
+# %%
+show(run, "matmul")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: a local [[0.0, 1.0], [4.0, 5.0]], b local [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+# rank 0: a @ b local [[3.0, 4.0, 5.0], [15.0, 24.0, 33.0]]
+# rank 0: a @ b placement P(sum), ran: none
+# rank 0: full_tensor() [[42.0, 48.0, 54.0], [114.0, 136.0, 158.0]], ran: all_reduce x1
+# rank 0: equal to the single-process a @ b: True
+# rank 0: random fp32: equal False, allclose True
+# rank 1: a local [[2.0, 3.0], [6.0, 7.0]], b local [[6.0, 7.0, 8.0], [9.0, 10.0, 11.0]]
+# rank 1: a @ b local [[39.0, 44.0, 49.0], [99.0, 112.0, 125.0]]
+# ```
+#
+# The product is `Partial(sum)`: each rank holds a full 2×3 summand, computed without a
+# message. `full_tensor()` (redistribute to Replicate, then `to_local()`) runs one
+# all-reduce, and the sum of the summands is exactly the single-process product here
+# because the inputs are small integers, whose float sums are exact. With random fp32 inputs
+# the result is close but not bitwise equal: each rank sums its half of the 64 products,
+# then the halves are added, a different order of additions than one process's matmul, and
+# floating-point addition is not associative. Lesson 10 builds tensor parallelism on exactly
+# this column-then-row pattern.
+
+# %% [markdown]
+# ## 5. Collective order is a contract
+#
+# A collective is matched by *position*: the group's n-th collective on rank 0 meets the
+# n-th on rank 1. Nothing checks by default that they are the same call. The second launch
+# runs `worker.py mismatch`, where rank 0 calls `all_reduce` while rank 1 calls
+# `all_gather` on a group made with `dist.new_group(backend="gloo", timeout=3 s)` (a new
+# group, so that the default group stays usable for the worker's polite teardown).
+#
+# **Predict.** Does this hang forever (gloo's default timeout is 30 minutes), silently
+# return garbage, or fail? After how long?
+
+# %%
+bad = launch("mismatch")
+print(f"torchrun exit code {bad.code} after {bad.seconds:.1f} s (launch timeout 60 s)")
+show(bad, "timeout")
+
+# %% [markdown]
+# Output:
+# ```text
+# torchrun exit code 1 after «time» s (launch timeout 60 s)
+# rank 0: all_reduce raised RuntimeError after «time» s
+# rank 1: all_gather raised RuntimeError after «time» s
+# ```
+#
+# Both ranks raise after about 3 s, the group's timeout: each waits for bytes the other
+# never sends. The message says only that much, and it varies ("Timed out waiting 3000ms
+# for recv operation to complete", or "Connection closed by peer" when the partner gives up
+# first): nothing in it names the mismatched call. With gloo's default timeout the same job
+# would sit for 30 minutes; set `timeout=` in `init_process_group` and `new_group`. And it
+# can be worse than a hang: when both ranks called `all_reduce` but with 2 and 3 elements
+# (tried on this machine, outside the lesson), rank 0 *returned* [11.0, 22.0] and only rank
+# 1 raised ("Connection closed by peer"). The worker ends this part with exit code 1 on both ranks, after its barrier and
+# `destroy_process_group()`, so torchrun reports the failure (exit code 1) well inside the
+# launcher's 60 s.
+#
+# **Predict.** With the debug level DETAIL, each collective is first checked against the
+# other ranks' (its "fingerprint": op type, shapes, dtypes). How fast is the mismatch
+# found now, and what does the error say?
+
+# %%
+show(bad, "detail")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: raised after «time» s: Detected mismatch between collectives on ranks
+# rank 0: Op type: ALLREDUCEvs ALLGATHER
+# rank 1: raised after «time» s: Detected mismatch between collectives on ranks
+# rank 1: Op type: ALLGATHERvs ALLREDUCE
+# ```
+#
+# In milliseconds, and the full message names both sides: "Rank 0 is running collective:
+# CollectiveFingerPrint(SequenceNumber=0, OpType=ALLREDUCE, TensorShape=[2], ...), but Rank
+# 1 is running collective: ... OpType=ALLGATHER ..." (the missing space in "ALLREDUCEvs" is
+# PyTorch's). `TORCH_DISTRIBUTED_DEBUG=DETAIL` in the environment sets this level when
+# `torch.distributed` is imported, and every group then gets the checking wrapper; the
+# worker calls `dist.set_debug_level(DebugLevel.DETAIL)` around one `new_group` instead, so
+# that one launch shows both behaviours. The check costs extra messages on every call (and
+# DDP under DETAIL crashed on this machine), so it is a debugging switch, not a default.
+#
+# A rank that never arrives at all (stuck in a data loader, an infinite loop) is the other
+# common failure. `dist.monitored_barrier(timeout=...)` (gloo only) makes rank 0 wait for
+# each other rank separately and name the ones that did not come.
+
+# %%
+show(bad, "monitored_barrier")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: raised after «time» s: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 1000 ms
+# rank 0: raised in 3 of 3 demos; exiting with 1
+# rank 1: was busy and never entered the monitored barrier
+# rank 1: raised in 2 of 3 demos; exiting with 1
+# ```
+#
+# A plain barrier would only time out; the monitored one says *which* rank is missing. Both
+# tools point at the culprit; the fix is always to make every rank call the same
+# collectives, in the same order, with matching shapes: no collective inside an `if rank ==
+# 0:` unless the other ranks make the same call in their branch.
+
+# %% [markdown]
+# ## Summary
+#
+# - torchrun starts one process per rank and passes `RANK`, `LOCAL_RANK`, `WORLD_SIZE` and
+#   the rendezvous address in the environment; `init_process_group` builds the default
+#   group over a backend (gloo on CPU, NCCL on CUDA). Launch it under a hard timeout that
+#   kills the ranks' sessions too, give each rank's output its own file, and end every rank
+#   with `barrier()` then `destroy_process_group()`.
+# - On the sum-partials [1, 2] and [10, 20]: all_reduce gives [11, 22] on both ranks,
+#   reduce_scatter gives [11] and [22], all_gather of partials gives 4 meaningless elements,
+#   broadcast copies rank 0's tensor. A barrier, like every collective, waits for the
+#   slowest rank.
+# - Collectives match by order. A mismatch fails only after the group's timeout (so set a
+#   short one) with a vague message; `TORCH_DISTRIBUTED_DEBUG=DETAIL` names the mismatched
+#   ops at once, and `monitored_barrier` names a rank that never arrives.
+# - A DTensor is a global tensor plus placements on a DeviceMesh: Shard, Replicate, Partial.
+#   Redistribution picks the collective: Shard→Replicate all-gathers, Partial→Replicate
+#   all-reduces, Partial→Shard reduce-scatters, Replicate→Shard sends nothing. A
+#   column-sharded times row-sharded matmul is Partial, and `full_tensor()` equals the
+#   single-process product up to the order of additions.
+#
+# ## Exercises
+#
+# Open `exercises.py` in this folder and simulate, in one process, what the ranks did: each
+# function takes a list with one tensor per rank and returns what each rank holds after.
+#
+# 1. `all_reduce(parts)` and `reduce_scatter(parts)`, for any number of ranks.
+# 2. `shard(t, world)`: DTensor's `Shard(0)` pieces of a 1-D tensor. Sizes that do not
+#    divide by the number of ranks are the point: find DTensor's rule with exercise B below.
+# 3. `redistribute(parts, src, dst)` for the placements "S", "R" and "P" of a 1-D DTensor.
+#
+# Check them with `make exercises N=09`: the tests compare them with what the two ranks
+# printed in this lesson and with DTensor's own sharding rule. `solutions.py` has one way.
+#
+# These change the worker and run it with torchrun (the output above is your reference):
+#
+# A. Add `ReduceOp.AVG` and `ReduceOp.MAX` all-reduces of the partials to the
+#    `collectives` part. Predict both results first. Which one is DDP's gradient average?
+# B. Distribute `torch.arange(5)` as `Shard(0)` on the 2-rank mesh and print each rank's
+#    local piece and `d.shape`. Then redistribute it to `Replicate()`. How does DTensor
+#    split a size that does not divide by the number of ranks?
+# C. In the `mismatch` part, make both ranks call `all_reduce`, but with shapes [2] and [3].
+#    What happens without the DETAIL wrapper, and with it? (Give the group a short timeout.)
+# D. Start the worker with `--nproc-per-node=3`. Which lines break, and why does the
+#    lesson's "[1, 2] and [10, 20]" assumption fail? Make `partial_vector` work for any
+#    world size.
