@@ -241,7 +241,9 @@ show(run, "barrier")
 # then `dist.destroy_process_group()`, on every exit path: without the latter, gloo's threads
 # can still be freeing a finished collective while Python shuts down, and a rank then dies
 # *after* its work with "terminate called without an active exception" (about one launch in
-# four on this machine).
+# four on this machine). After the DTensor section even that was not always enough (1 launch
+# in 20 under load), so the worker then skips Python's own shutdown: it flushes its output
+# and leaves with `os._exit(code)`, once all work is done.
 
 # %% [markdown]
 # ## 3. DeviceMesh and DTensor placements
