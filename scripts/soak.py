@@ -15,10 +15,9 @@ import argparse
 import multiprocessing as mp
 import sys
 import time
-from pathlib import Path
 
-from scripts.multirank import Launch, launch
 from scripts.manifest import ROOT
+from scripts.multirank import Launch, launch
 
 WORKER = ROOT / "tests" / "workers" / "all_reduce.py"
 
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i in range(1, args.runs + 1):
             extra = ["--no-teardown"] if args.no_teardown else []
-            result = launch(Path(WORKER), nproc=2, timeout=60, args=extra)
+            result = launch(WORKER, nproc=2, timeout=60, args=extra)
             why = failure(result)
             failures += why is not None
             print(f"run {i:3d}/{args.runs}: {'FAILED ' + why if why else 'ok'} ({result.seconds:.1f} s)", flush=True)

@@ -23,7 +23,7 @@
 #
 # **How to run:** `python lessons/07_attention/attention.py` or `make lesson N=07` from the
 # repository root, or open `attention.ipynb`. Everything runs on the CPU. One cell compiles
-# FlexAttention with `torch.compile`: about 10–25 s the first time on a 2-core machine,
+# FlexAttention with `torch.compile`: about 8–25 s the first time on a 2-core machine,
 # 1–3 s once Inductor's cache (`TORCHINDUCTOR_CACHE_DIR`, set by the course tools) is warm.
 # Each printing cell is followed by an *Output* block: what it printed with the pinned
 # PyTorch (2.13.0), checked by `make test`.
@@ -661,7 +661,7 @@ print(f"graphs compiled: {n_graphs}")
 # ```
 #
 # The first call compiles (Dynamo traces flex, Inductor writes and compiles a C++ kernel
-# with `interval_mask` and `alibi` inlined): 8–20 s with a cold cache here, about 1 s warm.
+# with `interval_mask` and `alibi` inlined): 8–25 s with a cold cache here, 1–3 s warm.
 # The other calls reuse that kernel, because only tensors changed, and take a few
 # milliseconds. The errors (a few 1e-7 on this machine) are fp32 rounding: flex and SDPA sum
 # in different orders, which depend on the CPU's vector width. Had we passed the four mask
