@@ -15,7 +15,7 @@ from scripts.checker import read_cells
 from scripts.pytest_course import import_file
 
 READY = manifest.ready()
-ALLOWED_IMPORTS = set(sys.stdlib_module_names) | {"torch", "numpy", "matplotlib"}
+ALLOWED_IMPORTS = set(sys.stdlib_module_names) | {"torch", "numpy", "matplotlib", "safetensors"}
 
 
 def test_torch_is_the_pinned_version():
@@ -74,7 +74,7 @@ def imported_modules(path) -> set[str]:
 
 @pytest.mark.parametrize("lesson", READY, ids=lambda lesson: lesson.number)
 def test_lesson_is_self_contained(lesson: manifest.Lesson):
-    """A student can copy the folder: it imports only stdlib, torch, numpy, matplotlib, itself."""
+    """A student can copy the folder: it imports only stdlib, torch, numpy, matplotlib, safetensors, itself."""
     own = {p.stem for p in lesson.dir.glob("*.py")}
     for path in lesson.dir.glob("*.py"):
         if path.name.startswith("test_"):
