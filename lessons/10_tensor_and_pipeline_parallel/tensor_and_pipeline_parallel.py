@@ -1,0 +1,535 @@
+# %% [markdown]
+# # 10 · Tensor and pipeline parallelism: one model, split two ways
+#
+# Data parallelism copies the whole model onto every rank. When the model itself is too big
+# for one device, it has to be cut. *Tensor parallelism* (TP) cuts each weight matrix, so
+# every rank computes a slice of every layer; *pipeline parallelism* (PP) cuts the stack of
+# layers, so every rank computes whole layers, one after the other, on a stream of
+# micro-batches. This lesson runs both on two CPU ranks and checks each against the same
+# model in one process, to the last bit that floating point allows.
+#
+# **What you will learn**
+#
+# - how `parallelize_module` with `ColwiseParallel` then `RowwiseParallel` splits a 2-layer
+#   MLP, why "colwise" shards dim 0 of `nn.Linear.weight` (stored as [out, in]), and that the
+#   split MLP equals the whole one (outputs, gradients, one AdamW step) in float64;
+# - where TP communicates: one all-reduce in forward, one in backward, none inside the
+#   sharded matmuls;
+# - `torch.distributed.pipelining`: 2 stages, 4 micro-batches, `ScheduleGPipe` and
+#   `Schedule1F1B`, equal to the full batch; the order each rank really runs; what
+#   `scale_grads` divides, and how to divide twice by mistake; what unequal micro-batches do;
+# - the pipeline *bubble*, (p−1)/(m+p−1), from a schedule simulator checked against the real
+#   schedules.
+#
+# **Prerequisites:** lesson 09 (process groups, DeviceMesh, DTensor placements, the launcher
+# and worker pattern) and lesson 03 (autograd).
+#
+# **How to run:** `python lessons/10_tensor_and_pipeline_parallel/tensor_and_pipeline_parallel.py`
+# or `make lesson N=10` from the repository root, or open `tensor_and_pipeline_parallel.ipynb`.
+# It makes one 2-rank launch of `worker.py` (about 10 s on this 2-core CPU, gloo backend,
+# 3 s of it a deliberate timeout). By hand, each rank's output then interleaved:
+# `torchrun --standalone --nproc-per-node=2 lessons/10_tensor_and_pipeline_parallel/worker.py all`
+# (`tp` or `pp` for one half; add `--backend nccl` on a machine with 2 GPUs). Each printing
+# cell is followed by an *Output* block: what it printed with the pinned PyTorch (2.13.0),
+# checked by `make test`.
+
+# %%
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import matplotlib.pyplot as plt
+import torch
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+WORKER = HERE / "worker.py"
+GRACE_S = 3.0  # after SIGTERM, how long torchrun gets to stop its ranks itself
+
+
+class Run(NamedTuple):
+    code: int  # torchrun's exit status
+    seconds: float  # wall time of the whole launch
+    out: dict  # {rank: what the rank printed}
+    err: dict  # {rank: what the rank wrote to stderr (warnings, tracebacks)}
+
+
+def kill_sessions(pids):
+    for pid in pids:  # each of these leads a process session of its own
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # already gone
+
+
+def launch(part, timeout=120.0):
+    """Run `worker.py part` on 2 ranks under a hard timeout; never leave a process behind."""
+    logs = Path(tempfile.mkdtemp(prefix="lesson10-"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "--log-dir", str(logs), "--redirects", "3", str(WORKER), part]
+    start = time.monotonic()
+    with open(logs / "torchrun.log", "w") as agent_log:
+        proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=agent_log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # the ranks are torchrun's children, each in its own session: list them first
+            ps = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+            proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its ranks
+            try:
+                proc.wait(GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+            kill_sessions([proc.pid, *map(int, ps.stdout.split())])
+            code = proc.wait()
+    read = lambda name: {int(f.parent.name): f.read_text() for f in logs.glob(f"*/attempt_0/*/{name}")}  # noqa: E731
+    run = Run(code, time.monotonic() - start, read("stdout.log"), read("stderr.log"))
+    shutil.rmtree(logs, ignore_errors=True)
+    return run
+
+
+HEADER = re.compile(r"rank \d+: == .* ==")  # the line that starts a section
+
+
+def section(run, name):
+    """{rank: [lines]} of one `== name ==` section of the worker's output."""
+    found = {}
+    for rank, text in sorted(run.out.items()):
+        lines = text.splitlines()
+        start = lines.index(f"rank {rank}: == {name} ==") + 1
+        ends = [i for i in range(start, len(lines)) if HEADER.fullmatch(lines[i])]
+        found[rank] = lines[start:ends[0] if ends else len(lines)]
+    return found
+
+
+def show(run, name):
+    for rank, lines in section(run, name).items():
+        for line in lines:
+            print(line)
+
+
+# %% [markdown]
+# ## 1. Tensor parallelism: split every layer
+#
+# Lesson 09 ended with a matmul of a column-sharded `a` and a row-sharded `b`: each rank
+# multiplied its own pieces and the result was `Partial`, one all-reduce away from the
+# answer. Megatron-style TP builds an MLP on that pattern. The first linear layer is split
+# so that each rank computes *some of the hidden units* for the whole batch (no message: the
+# input is replicated); the activation is elementwise, so it runs on each rank's units
+# alone; the second layer is split so that each rank multiplies *its* hidden units by the
+# matching slice of the weight, giving a full-sized partial sum of the output. One
+# all-reduce completes it.
+#
+# In PyTorch, `parallelize_module(model, mesh, {"up": ColwiseParallel(), "down":
+# RowwiseParallel()})` swaps each layer's parameters for DTensors and adds the hooks that
+# redistribute inputs and outputs. The names come from the math, `y = x @ W.T + b`, where
+# `W.T` is split by columns (colwise) or rows (rowwise). But `nn.Linear` stores `W` as
+# **[out, in]**, so the columns of `W.T` are the *rows* of the stored weight.
+#
+# The worker's MLP is `Linear(6, 8)` → tanh → `Linear(8, 6)` in float64, with the same
+# seed on both ranks, split over a 1-D mesh of 2 (`tp`).
+#
+# **Predict.** What global and local shape does each rank's `up.weight` have, and along
+# which dim of the stored tensor is it sharded? And `down.weight`, `down.bias`?
+
+# %%
+run = launch("all")
+print(f"torchrun exit code {run.code} after {run.seconds:.1f} s, output from ranks {sorted(run.out)}")
+show(run, "tp shapes")
+
+# %% [markdown]
+# Output:
+# ```text
+# torchrun exit code 0 after «time» s, output from ranks [0, 1]
+# rank 0: nn.Linear(6, 8).weight shape [8, 6]: [out, in]
+# rank 0: up.weight: global [8, 6] S(0), local [4, 6]
+# rank 0: up.bias: global [8] S(0), local [4]
+# rank 0: down.weight: global [6, 8] S(1), local [6, 4]
+# rank 0: down.bias: global [6] R, local [6]
+# rank 0: up.weight local == full rows 0:4: True; down.weight local == full columns 0:4: True
+# rank 1: up.weight: global [8, 6] S(0), local [4, 6]
+# rank 1: up.bias: global [8] S(0), local [4]
+# rank 1: down.weight: global [6, 8] S(1), local [6, 4]
+# rank 1: down.bias: global [6] R, local [6]
+# rank 1: up.weight local == full rows 4:8: True; down.weight local == full columns 4:8: True
+# ```
+#
+# `ColwiseParallel` shards the stored `up.weight` along **dim 0**, its output dimension:
+# rank 0 holds rows 0–3 (hidden units 0–3), rank 1 rows 4–7, and each rank's bias slice
+# goes with its units. `RowwiseParallel` shards `down.weight` along **dim 1**, its input
+# dimension, so each rank holds the columns that read its own hidden units. `down.bias` is
+# replicated: it must be added once to the *sum* of the partials, not once per rank, and
+# DTensor's rules for the sharded `linear` see to it (the outputs below match). The
+# parameters are DTensors: the global shape is the layer's, the local
+# one is half of it (the whole run took a few seconds, mostly starting two processes; the
+# time varies with the machine's load).
+#
+# **Predict.** Same input on both ranks, same weights. Is the TP output *bitwise* equal to
+# the unsharded MLP's? The gradients? And after one AdamW step on each?
+
+# %%
+show(run, "tp equal")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: output: a DTensor? False, shape [5, 6]
+# rank 0: output max gap 5.6e-17, loss gap 0.0e+00
+# rank 0: grad x           max gap 6.9e-18
+# rank 0: grad up.weight   max gap 1.4e-17
+# rank 0: grad up.bias     max gap 6.9e-18
+# rank 0: grad down.weight max gap 1.4e-17
+# rank 0: grad down.bias   max gap 1.4e-17
+# rank 0: after one AdamW step: max parameter gap 2.8e-17
+# ```
+#
+# Equal to rounding, not bitwise: gaps of a few 1e-17, below float64's spacing near 1
+# (2.2e-16). The output of `down` is a plain tensor on every rank (`RowwiseParallel`'s
+# default is a replicated output converted back to a local tensor), so the loss code needs
+# no change. The small gaps come from the order of additions: the full MLP sums 8 products
+# per output element in one go, the TP MLP sums 4 on each rank and then adds the two
+# halves. The input `x` requires a gradient here, as it would if a layer sat below the MLP;
+# its gradient matches too. After one AdamW step (on the DTensor parameters, with no change
+# to the optimizer) the parameters still agree to 3e-17: TP changes where the numbers live,
+# not what they are.
+#
+# ## 2. Where tensor parallelism talks
+#
+# **Predict.** How many collectives does the TP MLP run in forward, and in backward? Which
+# placement change causes each? And the matmul of `x` with one rank's local slice of
+# `up.weight`?
+
+# %%
+show(run, "tp comms")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: forward ran: all_reduce x1
+# rank 0: backward ran: all_reduce x1
+# rank 0: a rank's own matmul x @ up.weight_local.T ran: none
+# ```
+#
+# One all-reduce each way (counted by `CommDebugMode`, as in lesson 09). In forward it is
+# the `Partial` output of the row-sharded `down` being made `Replicate`. In backward it is
+# the mirror image at the other end: the gradient of `x` (the layer's replicated input)
+# comes back from `up` as a partial sum over each rank's hidden units, and must be summed
+# before it flows further down. The matmuls themselves send nothing: each rank multiplies
+# its own slice. That is the point of pairing colwise with rowwise: the sharded hidden
+# activation (8 units, 4 per rank) never travels, and a whole MLP costs two all-reduces of
+# a `(B, 6)` tensor. Pair them the other way round, or run a single colwise layer whose
+# output the next layer wants whole, and an all-gather appears between them. The price of
+# TP is that these all-reduces sit *on the critical path* of every layer, which is why TP
+# is kept within a node, on the fastest links.
+#
+# ## 3. Pipeline parallelism: split the stack of layers
+#
+# A pipeline gives each rank whole layers: here a 4-linear-layer MLP (float64), layers
+# 0–3 (two linears with their tanh) on rank 0 as stage 0, layers 4–6 on rank 1 as stage 1.
+# Stage 0 sends activations forward, stage 1 sends their gradients back (point-to-point
+# `send`/`recv`, not collectives). To keep both ranks busy, the batch of 8 is cut into 4
+# *micro-batches* of 2 that flow through one after another. The worker wraps each stage's
+# module in `PipelineStage(module, stage_index, 2, device)` and hands it to a schedule,
+# `ScheduleGPipe(stage, n_microbatches=4, loss_fn=...)` or `Schedule1F1B(...)`; stage 0
+# calls `schedule.step(x)`, stage 1 `schedule.step(target=y, losses=losses)`. The worker
+# records the order in which each rank's stage really runs `forward_one_chunk` (F) and
+# `backward_one_chunk` (B), and prints it next to the schedule's own plan: its
+# `pipeline_order` attribute, one action list per rank (with `None` for idle steps, dropped
+# here), which the schedule builds when it is created.
+#
+# **Predict.** In what order does each rank run its 4 forwards and 4 backwards under GPipe,
+# and under 1F1B? Are the loss and gradients those of the full batch in one process?
+
+# %%
+show(run, "pp schedules")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: batch 8 in 4 micro-batches; reference loss 0.737810378957
+# rank 0: GPipe: ran     F0 F1 F2 F3 B0 B1 B2 B3
+# rank 0: GPipe: planned F0 F1 F2 F3 B0 B1 B2 B3
+# rank 0: GPipe: most micro-batches in flight 4
+# rank 0: GPipe: stage 0 grads max gap 1.4e-17
+# rank 0: 1F1B: ran     F0 F1 B0 F2 B1 F3 B2 B3
+# rank 0: 1F1B: planned F0 F1 B0 F2 B1 F3 B2 B3
+# rank 0: 1F1B: most micro-batches in flight 2
+# rank 0: 1F1B: stage 0 grads max gap 1.4e-17
+# rank 1: GPipe: ran     F0 F1 F2 F3 B0 B1 B2 B3
+# rank 1: GPipe: planned F0 F1 F2 F3 B0 B1 B2 B3
+# rank 1: GPipe: most micro-batches in flight 4
+# rank 1: GPipe: 4 micro-batch losses, mean 0.737810378957, gap 0.0e+00
+# rank 1: GPipe: stage 1 grads max gap 3.5e-17
+# rank 1: 1F1B: ran     F0 B0 F1 B1 F2 B2 F3 B3
+# rank 1: 1F1B: planned F1 B0 F2 B1 F3 B2 F4 B3
+# rank 1: 1F1B: most micro-batches in flight 1
+# rank 1: 1F1B: 4 micro-batch losses, mean 0.737810378957, gap 0.0e+00
+# rank 1: 1F1B: stage 1 grads max gap 3.5e-17
+# ```
+#
+# Both schedules reproduce the full batch: the mean of the 4 micro-batch losses is the
+# full-batch mean loss, and each stage's gradients match the corresponding layers of the
+# one-process model to a few 1e-17. They differ in *order*. GPipe runs all forwards, then
+# all backwards ("fill and drain"): every stage holds the activations of all 4 micro-batches
+# at once. 1F1B ("one forward, one backward") starts a micro-batch's backward as soon as it
+# can: stage 0 runs one forward ahead (its warm-up), then alternates; the last stage
+# alternates from the start. At most 2 and 1 micro-batches are in flight instead of 4:
+# activation memory grows with the number of stages, not with the number of micro-batches.
+#
+# The plan and the run agree except for one line: for the *last* stage of 1F1B,
+# `pipeline_order` in 2.13.0 lists `F1 … F4`, shifted by one and naming a micro-batch 4
+# that does not exist, while the runtime ran `F0 … F3`. The plan only describes the
+# schedule: `ScheduleGPipe` and `Schedule1F1B` run their own hand-written loop over the
+# micro-batches, not this list. So the figure below is drawn from the order the ranks
+# *really ran*, not from the plan.
+#
+# **Predict.** `scale_grads=True` (the default) divides each stage's accumulated gradients
+# by the number of micro-batches. With a mean loss per micro-batch, what do you get? If you
+# also divide the loss by 4 yourself? With a sum loss?
+
+# %%
+show(run, "scale_grads")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: mean loss, scale_grads=True: grad / full-batch mean_loss grad in [1.000000, 1.000000]
+# rank 0: mean loss / 4, scale_grads=True: grad / full-batch mean_loss grad in [0.250000, 0.250000]
+# rank 0: sum loss, scale_grads=True: grad / full-batch sum_loss grad in [0.250000, 0.250000]
+# rank 0: sum loss, scale_grads=False: grad / full-batch sum_loss grad in [1.000000, 1.000000]
+# rank 1: mean loss, scale_grads=True: grad / full-batch mean_loss grad in [1.000000, 1.000000]
+# rank 1: mean loss / 4, scale_grads=True: grad / full-batch mean_loss grad in [0.250000, 0.250000]
+# rank 1: sum loss, scale_grads=True: grad / full-batch sum_loss grad in [0.250000, 0.250000]
+# rank 1: sum loss, scale_grads=False: grad / full-batch sum_loss grad in [1.000000, 1.000000]
+# ```
+#
+# Each line is the elementwise ratio of the pipeline's gradient to the one-process
+# full-batch gradient, min and max over every parameter of the stage. The schedule runs
+# backward on each micro-batch's loss, so the gradients *accumulate*: 4 means of 2 samples
+# summed are 4 × the mean over 8. `scale_grads=True` divides by 4 at the end, which gives
+# exactly the full-batch mean. Dividing the loss by 4 yourself as well (the habit from
+# gradient accumulation without a pipeline) divides twice: 0.25 of the right gradient,
+# which a learning-rate search would silently "fix". With a sum loss the accumulated
+# gradients already *are* the full-batch sum, and `scale_grads=True` shrinks them by 4:
+# use `scale_grads=False`. Rule: divide exactly once, in the loss or in the schedule.
+#
+# **Predict.** 10 samples into 4 micro-batches: `torch.tensor_split` gives sizes 3, 3, 2,
+# 2. Does the schedule weight them (a mean of means would be wrong), or fail? If it fails,
+# does every rank find out, and how fast?
+
+# %%
+show(run, "unequal")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: batch 10 into 4 micro-batches: torch.tensor_split sizes [3, 3, 2, 2]
+# rank 0: ran F0 F1 F2 F3, then raised RuntimeError after «time» s
+# rank 1: ran F0 F1 F2, then raised RuntimeError after «time» s
+# rank 1:   The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 0
+# ```
+#
+# It fails, and not in the same way on both ranks. Stage 1 allocates its receive buffers
+# from the shapes of the first micro-batch (3 samples); micro-batch 2 has 2, so its loss
+# compares a 3-row output with a 2-row target and raises at once. Stage 0 knows nothing of
+# that: it has sent its 4 forwards and waits for a gradient that will never come, until the
+# timeout of the process group its stage uses. With the default group's 30 s (or gloo's
+# default, 30 minutes) that is a long silent wait; the worker gives this demo's stages a
+# group of their own, `dist.new_group(backend="gloo", timeout=3 s)`, passed as
+# `PipelineStage(..., group=group)`, so rank 0 raises after about 3 s (timings vary with
+# load) and both ranks go on to the worker's normal teardown: the launch still ends with
+# exit code 0, because the worker catches this expected error. Make the batch divisible by
+# the number of micro-batches (drop or pad the remainder); if you must mix sizes, the
+# weighting (a sum loss divided by the true sample count) is yours to write.
+#
+# ## 4. The bubble: GPipe vs 1F1B on a timeline
+#
+# A stage cannot start micro-batch i's forward before the previous stage has sent it, nor
+# its backward before the next stage has sent the gradient. So at the start of a step the
+# last stage waits, and at the end the first one does: the *bubble*. The function below
+# simulates that: given each stage's action order, it starts every action as early as its
+# stage is free and its input has arrived, with a forward taking 1 time unit and a backward
+# 2 (a backward computes two matmuls per forward matmul). `orders` writes both schedules'
+# action lists for any number of stages and micro-batches.
+#
+# **Predict.** Does `orders("1F1B", 2, 4)` reproduce what the ranks ran? Which schedule
+# has the larger bubble?
+
+# %%
+KINDS = ("GPipe", "1F1B")
+
+
+def ran(run, kind):
+    """[stage 0's actions, stage 1's actions] as the ranks really ran them."""
+    found = section(run, "pp schedules")
+    return [next(x for x in found[r] if f"{kind}: ran " in x).split(" ran ")[1].split() for r in (0, 1)]
+
+
+def orders(kind, p, m):
+    """Each stage's actions: GPipe all F then all B; 1F1B warm up with p-1-s forwards, then alternate."""
+    out = []
+    for s in range(p):
+        warm = m if kind == "GPipe" else min(p - 1 - s, m)
+        seq = [f"F{i}" for i in range(warm)]
+        for i in range(m - warm):
+            seq += [f"F{warm + i}", f"B{i}"]
+        out.append(seq + [f"B{i}" for i in range(m - warm, m)])  # drain the warm-up's backwards
+    return out
+
+
+def needs(s, action, p):
+    """The other stage's action this one waits for: F from the stage before, B from the one after."""
+    i = action[1:]
+    if action[0] == "F":
+        return (s - 1, "F" + i) if s > 0 else None
+    return (s + 1, "B" + i) if s < p - 1 else None
+
+
+def simulate(order, tf=1.0, tb=2.0):
+    """{(stage, action): (start, end)}, each action as early as its stage and its input allow."""
+    p = len(order)
+    spans, pos, free = {}, [0] * p, [0.0] * p  # pos: each stage's next action; free: when idle
+    while any(pos[s] < len(order[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            if pos[s] == len(order[s]):
+                continue
+            action = order[s][pos[s]]
+            need = needs(s, action, p)
+            if need is not None and need not in spans:
+                continue  # its input is not computed yet: the stage waits
+            start = max(free[s], spans[need][1] if need else 0.0)
+            spans[(s, action)] = (start, start + (tf if action[0] == "F" else tb))
+            free[s], pos[s], moved = start + (tf if action[0] == "F" else tb), pos[s] + 1, True
+        if not moved:
+            raise ValueError(f"deadlock: no stage can run its next action in {order}")
+    return spans
+
+
+def bubble(spans, p):
+    """Fraction of the step's stage-time spent idle: 1 - busy / (p * makespan)."""
+    busy = sum(end - start for start, end in spans.values())
+    return 1 - busy / (p * max(end for _, end in spans.values()))
+
+
+for kind in KINDS:
+    real = ran(run, kind)
+    spans = simulate(real)
+    print(f"{kind}: orders(kind, 2, 4) == what the ranks ran: {orders(kind, 2, 4) == real}")
+    print(f"{kind}: simulated step {max(e for _, e in spans.values()):.0f} units, bubble {bubble(spans, 2):.3f}")
+print(f"(p-1)/(m+p-1) for p=2, m=4: {1 / 5:.3f}")
+
+# %% [markdown]
+# Output:
+# ```text
+# GPipe: orders(kind, 2, 4) == what the ranks ran: True
+# GPipe: simulated step 15 units, bubble 0.200
+# 1F1B: orders(kind, 2, 4) == what the ranks ran: True
+# 1F1B: simulated step 15 units, bubble 0.200
+# (p-1)/(m+p-1) for p=2, m=4: 0.200
+# ```
+#
+# The simulator's orders are the ranks' orders, and the two schedules take the same 15
+# units: 12 units of work per stage (4 × (1 + 2)) plus a bubble of 3. The idle fraction is
+# (p−1)/(m+p−1) = 1/5 for both. 1F1B does not shrink the bubble; it shrinks the memory (2
+# and 1 micro-batches in flight instead of 4, section 3). The bubble shrinks with more
+# micro-batches per step, which is why pipelines use many; interleaved schedules (several
+# smaller stages per rank, `ScheduleInterleaved1F1B`) and zero-bubble schedules attack it
+# further.
+
+# %%
+COLORS = {"F": "tab:blue", "B": "tab:orange"}
+
+
+def draw_timeline(ax, spans, title):
+    """One row per stage, one bar per action, labelled with its micro-batch."""
+    for (s, action), (start, end) in sorted(spans.items()):
+        ax.barh(s, end - start, left=start, height=0.6, color=COLORS[action[0]], edgecolor="black")
+        ax.text((start + end) / 2, s, action, ha="center", va="center", fontsize=8)
+    ax.set_yticks(range(2), ["stage 0", "stage 1"])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (forward = 1 unit, backward = 2)")
+    ax.set_title(f"{title}: bubble {bubble(spans, 2):.3f}")
+
+
+def plot_schedules(run, p=2, ms=range(1, 17)):
+    fig, axes = plt.subplots(3, 1, figsize=(8, 8.5))
+    for ax, kind in zip(axes, KINDS):
+        draw_timeline(ax, simulate(ran(run, kind)), kind)
+    ms = list(ms)
+    for kind, marker in zip(KINDS, ("o", "x")):
+        sims = [bubble(simulate(orders(kind, p, m)), p) for m in ms]
+        axes[2].plot(ms, sims, marker, label=f"{kind} simulated")
+    axes[2].plot(ms, [(p - 1) / (m + p - 1) for m in ms], "-", color="gray", label="(p-1)/(m+p-1)")
+    axes[2].set_xlabel("micro-batches per step m (p = 2 stages)")
+    axes[2].set_ylabel("bubble fraction")
+    axes[2].set_title("Bubble vs micro-batch count")
+    axes[2].legend()
+    fig.tight_layout()
+    return fig
+
+
+fig = plot_schedules(run)
+fig.savefig(HERE / "schedules.png")
+
+# %% [markdown]
+# In the top two rows, blue bars are forwards, orange backwards, each labelled with its
+# micro-batch, placed by the simulator from the order each rank really ran. Under GPipe,
+# stage 1 waits 1 unit for its first input and idles the last 2 while stage 0 finishes;
+# stage 0 waits 3 units between its last forward and the first gradient. 1F1B moves the
+# backwards earlier and the gaps elsewhere, but each stage still idles 3 units of 15. The
+# bottom panel is the bubble for 1 to 16 micro-batches from the simulator (both schedules,
+# on the same points) against (p−1)/(m+p−1): with 1 micro-batch, half the time is idle; with
+# 16, one step in 17. The simulator idealises: real forward and backward times vary, and the
+# sends take time too; it measures the structure of the schedule, not this machine.
+
+# %% [markdown]
+# ## Summary
+#
+# - Tensor parallelism splits each layer: `ColwiseParallel` shards `nn.Linear.weight`
+#   ([out, in]) along dim 0, `RowwiseParallel` along dim 1. Colwise then rowwise gives an
+#   MLP equal to the unsharded one (float64 gaps ~1e-17: the order of additions) in output,
+#   gradients and an AdamW step, with one all-reduce in forward and one in backward, and none
+#   in the matmuls.
+# - Pipeline parallelism splits the layers into stages and the batch into micro-batches.
+#   GPipe (all forwards, then all backwards) and 1F1B (alternate after a warm-up) give the
+#   full-batch loss and gradients; 1F1B holds at most p micro-batches' activations instead of
+#   m. 1F1B's `pipeline_order` (its plan) is off by one for the last stage in 2.13.0; the
+#   order it runs is right.
+# - `scale_grads=True` divides the accumulated gradients by the number of micro-batches:
+#   right for a mean loss, wrong (×1/4 here) if you also divide the loss, wrong for a sum
+#   loss (use `scale_grads=False`). Micro-batches must have equal sizes: 10 into 4 fails on
+#   the last stage at once and on the first only at its group's timeout, so give pipeline
+#   groups a short one.
+# - Both schedules idle for the same bubble, (p−1)/(m+p−1) of the step: more micro-batches
+#   shrink it.
+#
+# ## Exercises
+#
+# Open `exercises.py` in this folder; `make exercises N=10` checks your answers against
+# what the two ranks printed in this lesson.
+#
+# 1. `local_weight(w, rank, world, style)`: the slice of an `nn.Linear` weight that rank
+#    `rank` holds under `"colwise"` or `"rowwise"` (equal shards).
+# 2. `one_f_one_b(p, m)`: 1F1B's action order for every stage, without looking at `orders`
+#    above. The test compares it with what the ranks ran, and checks the warm-up and the
+#    number of micro-batches in flight for more stages.
+# 3. `grad_scale(loss, divide_loss, scale_grads, m)`: the factor between the pipeline's
+#    gradient and the full-batch gradient of the same kind of loss (`"mean"` or `"sum"`).
+#
+# These change the worker and run it with torchrun (the output above is your reference):
+#
+# A. Swap the plan to `{"up": RowwiseParallel(), "down": ColwiseParallel()}`. Does the
+#    output still match? Which collectives does `CommDebugMode` count now?
+# B. Run the pipeline with 8 micro-batches of 1. Predict the order and the in-flight count
+#    of each schedule first.
+# C. In `show_unequal`, remove `group=group`. How long does rank 0 wait now, and why?

@@ -1,0 +1,240 @@
+"""Tests of lesson 10: documented outputs, the ranks' values read from the narrative's one
+launch (tensor parallel, both pipeline schedules, scale_grads, unequal micro-batches), the
+schedule simulator and its figure, the exercises, and the worker on NCCL with 2 GPUs.
+
+Every test here launches ranks or reads the narrative's launch: all are `multirank`."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.multirank
+WORKER = Path(__file__).parent / "worker.py"
+EPS64 = torch.finfo(torch.float64).eps  # 2.2e-16
+
+
+def lines(lesson, name, rank=0):
+    return lesson.ns["section"](lesson.ns["run"], name)[rank]
+
+
+def gaps(text_lines):
+    """Every 'gap X' number on these lines."""
+    return [float(g) for line in text_lines for g in re.findall(r"gap (\d\.\de[-+]\d+)", line)]
+
+
+def test_script_outputs(lesson):
+    lesson.check()
+
+
+def test_notebook_outputs(lesson_notebook):
+    lesson_notebook.check()
+
+
+def test_launch_succeeded(lesson):
+    run = lesson.ns["run"]
+    assert run.code == 0 and sorted(run.out) == [0, 1], run
+    for rank in (0, 1):
+        assert "Traceback" not in run.err[rank], run.err[rank]
+        assert "Warning" not in run.err[rank], run.err[rank]  # e.g. the backward-hook warning
+    assert run.seconds < 60, run.seconds  # one launch, well inside launch()'s 120 s
+
+
+def test_tp_shards_dim0_then_dim1(lesson):
+    for rank, (lo, hi) in ((0, (0, 4)), (1, (4, 8))):
+        got = lines(lesson, "tp shapes", rank)
+        assert f"rank {rank}: up.weight: global [8, 6] S(0), local [4, 6]" in got
+        assert f"rank {rank}: up.bias: global [8] S(0), local [4]" in got
+        assert f"rank {rank}: down.weight: global [6, 8] S(1), local [6, 4]" in got
+        assert f"rank {rank}: down.bias: global [6] R, local [6]" in got
+        assert (f"rank {rank}: up.weight local == full rows {lo}:{hi}: True; "
+                f"down.weight local == full columns {lo}:{hi}: True") in got
+    assert "rank 0: nn.Linear(6, 8).weight shape [8, 6]: [out, in]" in lines(lesson, "tp shapes")
+
+
+def test_tp_equals_the_unsharded_mlp(lesson):
+    got = lines(lesson, "tp equal")
+    assert got[0] == "rank 0: output: a DTensor? False, shape [5, 6]"
+    names = ["output", "x", "up.weight", "up.bias", "down.weight", "down.bias", "parameter"]
+    for name in names:
+        assert any(name in line and "gap" in line for line in got), name
+    found = gaps(got)  # output, loss, x, 4 parameters' grads, parameters after AdamW
+    assert len(found) == 8 and all(g < EPS64 for g in found), found  # rounding, not bitwise 0
+    assert max(found) > 0  # and not bitwise: the sums run in another order
+
+
+def test_tp_communicates_once_each_way(lesson):
+    assert lines(lesson, "tp comms") == [
+        "rank 0: forward ran: all_reduce x1",
+        "rank 0: backward ran: all_reduce x1",
+        "rank 0: a rank's own matmul x @ up.weight_local.T ran: none",
+    ]
+
+
+def test_pipeline_schedules_equal_the_full_batch(lesson):
+    ns = lesson.ns
+    run = ns["run"]
+    assert ns["ran"](run, "GPipe") == [["F0", "F1", "F2", "F3", "B0", "B1", "B2", "B3"]] * 2
+    assert ns["ran"](run, "1F1B") == [["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"],
+                                      ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]]
+    for rank, flight in ((0, {"GPipe": 4, "1F1B": 2}), (1, {"GPipe": 4, "1F1B": 1})):
+        got = lines(lesson, "pp schedules", rank)
+        for kind, n in flight.items():
+            assert f"rank {rank}: {kind}: most micro-batches in flight {n}" in got
+        grads = [g for line in got if "grads max gap" in line for g in gaps([line])]
+        assert len(grads) == 2 and all(g < EPS64 for g in grads), got
+    ref = lines(lesson, "pp schedules")[0].split("reference loss ")[1]
+    last = lines(lesson, "pp schedules", 1)
+    for kind in ("GPipe", "1F1B"):
+        assert f"rank 1: {kind}: 4 micro-batch losses, mean {ref}, gap 0.0e+00" in last
+    # the schedule's own plan: right for GPipe and stage 0, shifted by one for 1F1B's last stage
+    assert "rank 1: 1F1B: planned F1 B0 F2 B1 F3 B2 F4 B3" in last
+    assert "rank 0: 1F1B: planned F0 F1 B0 F2 B1 F3 B2 B3" in lines(lesson, "pp schedules")
+
+
+def scale_ratios(lesson):
+    """{(rank, label): (min, max)} of the scale_grads section."""
+    pattern = re.compile(r"rank (\d): (.+): grad / full-batch \w+ grad in \[(\S+), (\S+)\]")
+    found = {}
+    for rank in (0, 1):
+        for line in lines(lesson, "scale_grads", rank):
+            m = pattern.fullmatch(line)
+            found[(rank, m[2])] = (float(m[3]), float(m[4]))
+    return found
+
+
+def test_scale_grads_divides_once(lesson):
+    expected = {"mean loss, scale_grads=True": 1.0, "mean loss / 4, scale_grads=True": 0.25,
+                "sum loss, scale_grads=True": 0.25, "sum loss, scale_grads=False": 1.0}
+    found = scale_ratios(lesson)
+    assert len(found) == 8
+    for (rank, label), (low, high) in found.items():
+        assert low == high == expected[label], (rank, label, low, high)
+
+
+def test_unequal_micro_batches_fail_cleanly(lesson):
+    run = lesson.ns["run"]
+    r0, r1 = lines(lesson, "unequal", 0), lines(lesson, "unequal", 1)
+    assert r0[0] == "rank 0: batch 10 into 4 micro-batches: torch.tensor_split sizes [3, 3, 2, 2]"
+    assert r0[1].startswith("rank 0: ran F0 F1 F2 F3, then raised RuntimeError after ")
+    assert r1[0].startswith("rank 1: ran F0 F1 F2, then raised RuntimeError after ")
+    assert r1[1] == "rank 1:   The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 0"
+    waited = float(r0[1].split("after ")[1].split(" s")[0])
+    assert 2.5 <= waited < 10, waited  # the stages' group timeout, 3 s: no 30 s or 30 min wait
+    assert float(r1[0].split("after ")[1].split(" s")[0]) < 1.0  # the last stage: at once
+    assert run.code == 0  # both ranks caught it and tore down normally
+
+
+def test_simulator_reproduces_the_ranks_and_the_formula(lesson):
+    ns = lesson.ns
+    for kind in ns["KINDS"]:
+        assert ns["orders"](kind, 2, 4) == ns["ran"](ns["run"], kind)
+    for kind in ns["KINDS"]:
+        for p in (2, 3, 4):
+            for m in range(1, 9):
+                got = ns["bubble"](ns["simulate"](ns["orders"](kind, p, m)), p)
+                assert got == pytest.approx((p - 1) / (m + p - 1), abs=1e-12), (kind, p, m)
+    with pytest.raises(ValueError, match="deadlock"):  # a stage waiting for a gradient first
+        ns["simulate"]([["B0", "F0"], ["F0", "B0"]])
+
+
+def test_figure_plots_the_simulated_schedules(lesson):
+    ns = lesson.ns
+    fig = ns["plot_schedules"](ns["run"])
+    axes = fig.get_axes()
+    assert len(axes) == 3
+    for ax, kind in zip(axes[:2], ns["KINDS"]):
+        spans = ns["simulate"](ns["ran"](ns["run"], kind))
+        assert ax.get_title() == f"{kind}: bubble 0.200"
+        bars = sorted((r.get_x(), r.get_width(), round(r.get_y() + r.get_height() / 2)) for r in ax.patches)
+        assert bars == sorted((s0, e - s0, s) for (s, _), (s0, e) in spans.items())
+        assert sorted(t.get_text() for t in ax.texts) == sorted(a for _, a in spans)
+        assert max(r.get_x() + r.get_width() for r in ax.patches) == 15.0
+    ms = list(range(1, 17))
+    curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in axes[2].lines}
+    formula = [1 / (m + 1) for m in ms]
+    assert curves["(p-1)/(m+p-1)"] == (ms, formula)
+    for kind in ns["KINDS"]:
+        assert curves[f"{kind} simulated"][0] == ms
+        assert curves[f"{kind} simulated"][1] == pytest.approx(formula, abs=1e-12)
+    assert (ns["HERE"] / "schedules.png").is_file()
+
+
+def test_launcher_leaves_no_rank_behind(lesson):
+    """The narrative's launch is over: no worker process of it may still run."""
+    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
+    assert [line for line in ps.stdout.splitlines() if str(WORKER) in line] == []
+
+
+@pytest.mark.multigpu
+def test_worker_on_nccl():
+    """Unverified on hardware when written (no GPU on the course's machine)."""
+    from scripts.multirank import launch
+
+    result = launch(WORKER, nproc=2, timeout=180, args=["all", "--backend", "nccl"])
+    assert result.ok, result.describe()
+    out = {r: rank.stdout for r, rank in result.ranks.items()}
+    assert "rank 0: up.weight: global [8, 6] S(0), local [4, 6]" in out[0]
+    assert "rank 0: forward ran: all_reduce x1" in out[0]
+    assert "rank 1: 1F1B: ran     F0 B0 F1 B1 F2 B2 F3 B3" in out[1]
+    assert "rank 0: mean loss / 4, scale_grads=True: grad / full-batch mean_loss grad in [0.250000, 0.250000]" in out[0]
+    assert "rank 1:   The size of tensor a (3) must match the size of tensor b (2)" in out[1]
+
+
+# ----------------------------------------------------------------------------------------
+# Exercises: checked against what the ranks printed
+
+
+@pytest.mark.exercise("local_weight")
+def test_local_weight_matches_the_ranks(lesson, exercise_module):
+    pattern = re.compile(r"rank (\d): (up|down)\.weight: global \[(\d+), (\d+)\] S\((\d)\), local \[(\d+), (\d+)\]")
+    checked = 0
+    for rank in (0, 1):
+        for line in lines(lesson, "tp shapes", rank):
+            if m := pattern.fullmatch(line):
+                out, inp, dim = int(m[3]), int(m[4]), int(m[5])
+                w = torch.arange(out * inp).reshape(out, inp)
+                style = "colwise" if m[2] == "up" else "rowwise"
+                got = exercise_module.local_weight(w, rank, 2, style)
+                assert list(got.shape) == [int(m[6]), int(m[7])], line
+                assert torch.equal(got, w.chunk(2, dim=dim)[rank]), line  # the rows / columns printed
+                checked += 1
+    assert checked == 4
+    w = torch.arange(24).reshape(6, 4)
+    assert torch.equal(exercise_module.local_weight(w, 2, 3, "colwise"), w[4:6])
+    assert torch.equal(exercise_module.local_weight(w, 1, 4, "rowwise"), w[:, 1:2])
+
+
+@pytest.mark.exercise("one_f_one_b")
+def test_one_f_one_b_matches_the_ranks(lesson, exercise_module):
+    ns = lesson.ns
+    assert exercise_module.one_f_one_b(2, 4) == ns["ran"](ns["run"], "1F1B")
+    for p in (1, 2, 3, 4):
+        for m in (1, 2, 3, 5, 8):
+            stages = exercise_module.one_f_one_b(p, m)
+            assert len(stages) == p
+            for s, seq in enumerate(stages):
+                assert sorted(seq) == sorted([f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)])
+                assert all(seq.index(f"F{i}") < seq.index(f"B{i}") for i in range(m))
+                held = peak = 0
+                for a in seq:
+                    held += 1 if a[0] == "F" else -1
+                    peak = max(peak, held)
+                assert peak == min(p - s, m), (p, m, s, seq)  # 1F1B's memory bound
+            assert ns["bubble"](ns["simulate"](stages), p) == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.exercise("grad_scale")
+def test_grad_scale_matches_the_ranks(lesson, exercise_module):
+    cases = {"mean loss, scale_grads=True": ("mean", False, True),
+             "mean loss / 4, scale_grads=True": ("mean", True, True),
+             "sum loss, scale_grads=True": ("sum", False, True),
+             "sum loss, scale_grads=False": ("sum", False, False)}
+    for (_, label), (low, _) in scale_ratios(lesson).items():
+        assert exercise_module.grad_scale(*cases[label], 4) == pytest.approx(low), label
+    # the same rules with another micro-batch count: the factor moves with m where it should
+    assert exercise_module.grad_scale("mean", True, True, 8) == pytest.approx(1 / 8)
+    assert exercise_module.grad_scale("sum", False, True, 8) == pytest.approx(1 / 8)
+    assert exercise_module.grad_scale("mean", False, True, 8) == pytest.approx(1.0)
