@@ -1,0 +1,609 @@
+# %% [markdown]
+# # 11 · FSDP2: shard the model, not just the batch
+#
+# Data parallelism (DDP) gives every rank a full copy of the model and averages the
+# gradients. It scales the batch, not the model: each rank still stores every parameter,
+# every gradient and the whole optimizer state. Fully sharded data parallelism (FSDP) keeps
+# only a slice of each on every rank and gathers a layer's parameters just before the layer
+# runs. PyTorch's current version, FSDP2, is the function `fully_shard`, built on the
+# DTensors of lesson 09. This lesson runs both on two CPU ranks, on the same small
+# transformer-like model, and checks every claim against one process.
+#
+# **What you will learn**
+#
+# - DDP as the baseline: one step on 2 ranks equals one process; `no_sync` accumulation;
+# - `fully_shard` applied bottom-up, the optimizer made after it; parameters at rest are
+#   DTensors `Shard(0)`, and each rank holds half the elements; one AdamW step equals one
+#   process (float64: to rounding);
+# - the hooks live on `__call__`: what `model.forward(x)` does (an error, or silently lost
+#   gradients), and the two fixes, `unshard()` and `register_fsdp_forward_method`;
+# - `reshard_after_forward` True / False / None: which modules are full or sharded between
+#   forward and backward, traced through one step;
+# - `MixedPrecisionPolicy`: bf16 compute, fp32 master parameters and gradients;
+# - memory per rank, counted from the tensors: DDP vs FSDP2, steady state vs peak, and an
+#   8B-parameter model on 8 GPUs by formula; gradient accumulation with
+#   `set_requires_gradient_sync(False)`; CPU offload.
+#
+# **Prerequisites:** lesson 09 (collectives, DeviceMesh, DTensor placements), lesson 05
+# (bf16), lesson 03 (autograd hooks).
+#
+# **How to run:** `python lessons/11_fsdp2/fsdp2.py` or `make lesson N=11` from the repository
+# root, or open `fsdp2.ipynb`. It launches `worker.py` once on 2 ranks (10–15 s on the CPU,
+# gloo backend); every section below reads that launch's output. Run the worker yourself:
+# `torchrun --standalone --nproc-per-node=2 lessons/11_fsdp2/worker.py main` (add
+# `--backend nccl` on a machine with 2 GPUs; `pinned` instead of `main` shows a launch that
+# fails cleanly). Each printing cell is followed by an *Output* block: what it printed with
+# the pinned PyTorch (2.13.0), checked by `make test`.
+
+# %%
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import matplotlib.pyplot as plt
+import torch
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+WORKER = HERE / "worker.py"
+GRACE_S = 3.0  # after SIGTERM, how long torchrun gets to stop its ranks itself
+
+
+class Run(NamedTuple):
+    code: int  # torchrun's exit status
+    seconds: float  # wall time of the whole launch
+    out: dict  # {rank: what the rank printed}
+    err: dict  # {rank: what the rank wrote to stderr}
+
+
+def kill_sessions(pids):
+    for pid in pids:  # torchrun and each rank lead a process session of their own
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def stop(proc):
+    """On timeout: list the ranks (torchrun's children), SIGTERM torchrun, then kill all."""
+    ps = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+    proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its ranks
+    try:
+        proc.wait(GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    kill_sessions([proc.pid, *map(int, ps.stdout.split())])
+    return proc.wait()
+
+
+def launch(part, timeout=120.0):
+    """Run `worker.py part` on 2 ranks under a hard timeout; never leave a process behind."""
+    logs = Path(tempfile.mkdtemp(prefix="lesson11-"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "--log-dir", str(logs), "--redirects", "3", str(WORKER), part]
+    start = time.monotonic()
+    with open(logs / "torchrun.log", "w") as agent_log:
+        proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=agent_log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = stop(proc)
+    read = lambda name: {int(f.parent.name): f.read_text() for f in logs.glob(f"*/attempt_0/*/{name}")}  # noqa: E731
+    run = Run(code, time.monotonic() - start, read("stdout.log"), read("stderr.log"))
+    shutil.rmtree(logs, ignore_errors=True)
+    return run
+
+
+HEADER = re.compile(r"rank \d+: == .* ==")  # the line that starts a section
+
+
+def section(run, name):
+    """{rank: [lines]} of one `== name ==` section of the worker's output."""
+    found = {}
+    for rank, text in sorted(run.out.items()):
+        lines = text.splitlines()
+        start = lines.index(f"rank {rank}: == {name} ==") + 1
+        ends = [i for i in range(start, len(lines)) if HEADER.fullmatch(lines[i])]
+        found[rank] = lines[start : ends[0] if ends else len(lines)]
+    return found
+
+
+def show(run, name):
+    for lines in section(run, name).values():
+        for line in lines:
+            print(line)
+
+
+# %% [markdown]
+# ## 1. The model, and DDP as the baseline
+#
+# `worker.py` defines `Tiny`: an embedding (64 tokens × 32), two pre-norm transformer blocks
+# (causal self-attention and an MLP), a final LayerNorm and a linear head back to 64 logits:
+# 29,632 parameters. Every model in the worker is built after `torch.manual_seed(0)`, so
+# every rank and every single-process reference starts from the same weights. The global
+# batch is 8 sequences of 9 tokens; rank r trains on sequences 4r to 4r+3, and the reference
+# on all 8 at once (next-token cross-entropy, a mean).
+#
+# `DistributedDataParallel` wraps the model on each rank: it broadcasts rank 0's weights at
+# construction, and during backward it all-reduces (averages) the gradients, bucket by
+# bucket, while backward is still running. `no_sync()` skips that all-reduce: gradients
+# accumulate locally, and the next backward outside `no_sync` all-reduces the sum.
+#
+# **Predict.** Each rank computes the mean loss over *its* 4 sequences. Is the average of
+# the two ranks' gradients the gradient of the mean loss over all 8? Then is one AdamW step
+# equal to the single-process step, and to what precision in float64?
+
+# %%
+run = launch("main")
+print(f"torchrun exit code {run.code} after {run.seconds:.1f} s, output from ranks {sorted(run.out)}")
+show(run, "ddp")
+
+# %% [markdown]
+# Output:
+# ```text
+# torchrun exit code 0 after «time» s, output from ranks [0, 1]
+# rank 0: holds all 29632 parameters, grads all-reduced (averaged) in backward
+# rank 0: one AdamW step vs one process on the whole batch: max gap 9.6e-14
+# rank 0: no_sync accumulation vs manual accumulation: max grad gap 1.4e-17
+# rank 1: holds all 29632 parameters, grads all-reduced (averaged) in backward
+# ```
+#
+# Yes: with equal-sized halves, the mean of the two half-batch means is the full-batch
+# mean, and the gradient is linear, so the averaged gradient is the full-batch gradient up
+# to rounding (float64: ~1e-13 after a step; the sums are just done in a different order).
+# Two micro-batches of 2 sequences per rank, the first under `no_sync()`, give the gradient
+# that one process gets by adding the two micro-batches' gradients (each the average of the
+# ranks' means): accumulation and the all-reduce commute. The cost is in the first line:
+# every rank holds all 29,632 parameters, their gradients and AdamW's two moments for each.
+# The launch time is mostly starting two Python processes and importing torch; it varies
+# with the load on the machine. (Debugging DDP: with `TORCH_DISTRIBUTED_DEBUG=DETAIL`, the
+# collective checker of lesson 09, this same DDP step killed both ranks with SIGSEGV on this
+# machine, in every try: keep that switch for code without DDP.)
+
+# %% [markdown]
+# ## 2. `fully_shard`: parameters become DTensor shards
+#
+# FSDP2 is applied module by module, **bottom-up**: `fully_shard(block)` for each block,
+# then `fully_shard(model)` for the root. Each call makes one *unit*: the parameters of that
+# module not already in a unit below it, gathered together with one all-gather. Here there
+# are three units: block 0, block 1, and the root (embedding, final norm, head). Sharding
+# only the root would make one unit of everything, gathered all at once: the peak would hold
+# the whole model (exercise A).
+#
+# `fully_shard` replaces each parameter *in place* with a DTensor on the mesh: the
+# optimizer must be created **after** it, so that it holds the sharded parameters and
+# keeps its state per shard.
+#
+# **Predict.** What placement do the parameters get? `head.weight` is 64 × 32: what does
+# each rank hold? How many of the 29,632 elements does each rank store?
+
+# %%
+show(run, "placements")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: parameter types and placements at rest: [('DTensor', '(Shard(dim=0),)')]
+# rank 0: head.weight global [64, 32], local [32, 32]
+# rank 0: holds 14816 of 29632 parameter elements (0.500)
+# rank 0: sum over ranks 29632 = total 29632
+# rank 1: head.weight global [64, 32], local [32, 32]
+# rank 1: holds 14816 of 29632 parameter elements (0.500)
+# ```
+#
+# Every parameter is `Shard(0)`: split along its first dimension, as `torch.chunk` would,
+# rank 0 keeping the first rows and rank 1 the rest. The head's 64 rows become 32 per rank;
+# biases and LayerNorm weights (1-D) are split the same way. Each rank holds exactly half
+# of the elements here (every dimension 0 is even; with an odd one, rank 0 would hold the
+# larger piece). Sharding per parameter (FSDP2) instead of flattening a unit into one
+# buffer (FSDP1) is what keeps each parameter a proper tensor with a name and a shape.
+
+# %% [markdown]
+# ## 3. One AdamW step equals one process
+#
+# The step: forward through `model(x)` (the root's hook all-gathers the root unit, each
+# block's hook its block), backward (each unit's gradients are **reduce-scattered**: summed
+# over ranks, averaged, and each rank keeps only its shard's gradient), then `opt.step()` on
+# the shards: each rank updates only its half, with its half of AdamW's moments.
+#
+# **Predict.** In float64 the gap to the single-process step should be at rounding level.
+# In float32, is it still ~1e-7?
+
+# %%
+show(run, "step")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: float64: one AdamW step vs one process: max gap 9.6e-14
+# rank 0: float32: one AdamW step vs one process: max gap 2.3e-05
+# rank 0: optimizer state is sharded too: exp_avg DTensor (Shard(dim=0),), local [32, 32]
+# ```
+#
+# Float64 matches to ~1e-13, like DDP. Float32 is further off than "~1e-7": AdamW's first
+# step moves each weight by `lr * g / (|g| + eps)`, about `lr * sign(g)` = 0.01 whatever the
+# size of g. A gradient element that is nearly zero (its terms cancel) still carries the
+# absolute rounding error of the larger terms it was summed from, in an order that differs
+# between one process and two ranks; where |g| is near eps (1e-8), that error changes the
+# update by a sizeable fraction of 0.01. Rounding in the gradient is amplified, not damped,
+# which is why the exactness claims in this lesson are made in float64. The optimizer's
+# state is DTensor `Shard(0)` as well: AdamW never sees a full tensor.
+
+# %% [markdown]
+# ## 4. The hooks live on `__call__`
+#
+# FSDP2 does its work in module hooks: a forward *pre*-hook all-gathers the unit and swaps
+# the gathered plain tensors in as the module's parameters; a forward post-hook reshards
+# (frees the gathered copy, swaps the DTensor shards back) and registers the backward hooks
+# that gather again and reduce-scatter the gradients. `nn.Module.__call__` runs hooks;
+# `module.forward` is just the method.
+#
+# **Predict.** On a freshly sharded model, what does `model.forward(x)` do? And if we first
+# call `model.unshard()` (gather the root unit by hand) and then `forward`?
+
+# %%
+show(run, "hooks")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: model.forward(x) on a fresh model: RuntimeError: aten.embedding.default got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor before calling distributed operators!
+# rank 0: model(x) through __call__: root params with a grad 5 of 5, max gap 2.8e-17
+# rank 0: unshard() + forward() on a never-called model: root DTensor params with a grad 0 of 5
+# rank 0: trap: the blocks' grads vs one process: max gap 1.0e-17
+# rank 0: trap: head.weight is now a Parameter, its grad vs this rank's own half-batch grad: gap 0.0e+00
+# rank 0: unshard() + forward() after one model(x): root params with a grad 5 of 5, max gap 2.8e-17
+# rank 0: register_fsdp_forward_method(model, 'encode'): encode(x) -> Tensor [4, 8, 32], gap to one process 0.0e+00
+# rank 1: trap: head.weight is now a Parameter, its grad vs this rank's own half-batch grad: gap 0.0e+00
+# ```
+#
+# `model.forward(x)` fails at the first operation that mixes the root's DTensor shard (the
+# embedding weight) with a plain tensor (the tokens). Called as `model(x)`, the same model
+# gives its root's 5 parameters (embedding; final norm weight and bias; head weight and
+# bias) the one-process gradients of the whole batch (~1e-17). The error is the lucky case.
+# The unlucky one is silent: after `unshard()` the forward and backward run, but the root's
+# pre-forward hook never ran, so no backward hook was set up to reduce-scatter the root's
+# gradients and swap the shards back. The optimizer's DTensor parameters of the root get no
+# gradient at all (0 of 5), and the module is left holding the gathered plain `Parameter`s,
+# whose gradients are each rank's own half-batch gradient, never averaged. (The blocks' own
+# hooks did run: their gradients match one process's.) An optimizer step then changes only the blocks.
+# No error, no warning.
+#
+# The documented fixes both go through the hooks: `unshard()` works once the model has been
+# called through `__call__` (the lazy initialisation of the root ran then); its gradients
+# then equal the one-process gradients (~1e-17). `register_fsdp_forward_method(model,
+# "encode")` wraps another method (`encode`, or `forward` itself) so that calling it runs the
+# same pre- and post-forward logic: `encode(x)` returns a plain tensor equal to the
+# one-process one. The rule: call the model, `model(x)`, never `model.forward(x)`.
+
+# %% [markdown]
+# ## 5. `reshard_after_forward`: memory or a second all-gather
+#
+# After a unit's forward, FSDP2 can free the gathered parameters (`True`: backward gathers
+# them again, one more all-gather per unit) or keep them until backward (`False`: no second
+# all-gather, but every unit stays full from its forward until its backward, which for the
+# first block is the whole step). `None`, the default, is True for every unit but the root,
+# which backward needs first anyway. The worker watches each module's parameter type in hooks
+# (a DTensor: sharded; a plain tensor: gathered) after the forward, before `backward()`.
+#
+# **Predict.** For each setting, which of embed, blocks.0, blocks.1 and head are full
+# between forward and backward?
+
+# %%
+show(run, "reshard")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: reshard_after_forward=True: between forward and backward {'embed': 'shard', 'blocks.0': 'shard', 'blocks.1': 'shard', 'head': 'shard'}
+# rank 0: reshard_after_forward=False: between forward and backward {'embed': 'full', 'blocks.0': 'full', 'blocks.1': 'full', 'head': 'full'}
+# rank 0: reshard_after_forward=None: between forward and backward {'embed': 'full', 'blocks.0': 'shard', 'blocks.1': 'shard', 'head': 'full'}
+# rank 0: trace fwd embed    | f s s f |  76160 bytes
+# rank 0: trace fwd blocks.0 | f f s f | 126976 bytes
+# rank 0: trace fwd blocks.1 | f s f f | 126976 bytes
+# rank 0: trace fwd head     | f s s f |  76160 bytes
+# rank 0: trace after fwd    | f s s f |  76160 bytes
+# rank 0: trace bwd head     | f s s f |  76160 bytes
+# rank 0: trace bwd blocks.1 | f s f f | 126976 bytes
+# rank 0: trace bwd blocks.0 | f f s f | 126976 bytes
+# rank 0: trace bwd embed    | f s s f |  76160 bytes
+# rank 0: trace after bwd    | s s s s |  59264 bytes
+# ```
+#
+# With `True` everything is sharded between forward and backward, the root too when you ask
+# for it explicitly; with `False` everything is full, the same memory as DDP's parameters at
+# that moment; with `None` only the root unit (embed and head: one unit, so both) stays full.
+# The trace (for `None`) has one line per moment of the step: the states of embed, blocks.0,
+# blocks.1 and head (f = full, s = shard), then this rank's parameter bytes: during the
+# forward of block 0 the root and block 0 are full; block 0 is resharded before block 1 is
+# gathered; in backward the blocks are gathered again in reverse order; after backward
+# everything is sharded (59,264 bytes: half of the 29,632 fp32 parameters). The peak, 126,976
+# bytes, is the shards plus the root unit plus one block. With `False`, the peak would be
+# the shards plus every unit. On a real model with dozens of blocks that is the difference
+# between "one block's parameters" and "all of them"; on a GPU the price of `True` is one
+# extra all-gather per block in backward, which FSDP2 overlaps with compute by prefetching.
+
+# %% [markdown]
+# ## 6. Mixed precision: bf16 compute, fp32 master weights
+#
+# `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` casts each
+# unit's parameters to bf16 *when it gathers them* (so the all-gather moves half the bytes)
+# and computes in bf16; gradients are reduce-scattered in fp32. The sharded parameters the
+# optimizer updates stay fp32. (bf16 matmuls are slow on this CPU: the model is tiny.)
+#
+# **Predict.** Inside `blocks[0].up` during forward, what dtype are its weight, its input
+# and its output? What are the parameter and its gradient after backward?
+
+# %%
+show(run, "mixed")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: inside blocks.0.up: weight torch.bfloat16, input torch.bfloat16, output torch.bfloat16
+# rank 0: logits torch.bfloat16
+# rank 0: at rest: blocks.0.up.weight DTensor torch.float32, grad torch.float32
+# ```
+#
+# Inside the block everything is bf16: the weight (the gathered bf16 copy), the activations
+# (FSDP2 casts the root's floating-point inputs to `param_dtype`; the embedding output is
+# bf16 because its weight is) and the output, the logits too. At rest the parameter is the
+# fp32 DTensor shard and its gradient is fp32: the optimizer updates fp32 master weights, so
+# tiny updates are not lost to bf16's 8-bit mantissa (lesson 05). Unlike autocast, no list
+# of operations decides: every op in a unit gets bf16 tensors (an op may still upcast
+# internally, as LayerNorm does).
+
+# %% [markdown]
+# ## 7. Memory per rank, counted from the tensors
+#
+# The worker adds up, on each rank, the bytes of the tensors it actually holds after one
+# AdamW step (fp32): parameters, gradients, and AdamW's `exp_avg` and `exp_avg_sq` (the
+# step counters are left out: one scalar each). *Steady* is their sum, what stays between
+# steps. *Peak* adds the parameters gathered at the worst moment of the step (from the trace
+# of section 5); activations and temporary buffers are not counted. DDP's gradient buckets,
+# another copy of the gradients unless `gradient_as_bucket_view=True`, are not counted
+# either.
+#
+# **Predict.** FSDP2 halves which columns on 2 ranks? Is its peak closer to its steady
+# state or to DDP's?
+
+# %%
+MEMORY = re.compile(r"rank (\d): (DDP|FSDP2) bytes: (\d+) (\d+) (\d+) (\d+) (\d+)")
+COLUMNS = ("params", "grads", "AdamW", "steady", "peak")
+
+
+def memory_rows(run):
+    """{rank: {"DDP": (params, grads, AdamW, steady, peak), "FSDP2": (...)}} in bytes."""
+    rows = {}
+    for rank, lines in section(run, "memory").items():
+        for m in filter(None, map(MEMORY.fullmatch, lines)):
+            rows.setdefault(int(m[1]), {})[m[2]] = tuple(int(v) for v in m.groups()[2:])
+    return rows
+
+
+rows = memory_rows(run)
+print(f"{'rank':>4} {'':6}" + "".join(f"{c:>9}" for c in COLUMNS) + "  (bytes)")
+for rank, per in rows.items():
+    for name, values in per.items():
+        print(f"{rank:>4} {name:6}" + "".join(f"{v:>9}" for v in values))
+print([x for x in section(run, "memory")[0] if "unit sizes" in x][0])
+
+# %% [markdown]
+# Output:
+# ```text
+# rank          params    grads    AdamW   steady     peak  (bytes)
+#    0 DDP      118528   118528   237056   474112   474112
+#    0 FSDP2     59264    59264   118528   237056   304768
+#    1 DDP      118528   118528   237056   474112   474112
+#    1 FSDP2     59264    59264   118528   237056   304768
+# rank 0: unit sizes (elements): root 4224, block 12704
+# ```
+#
+# Parameters, gradients and AdamW state are all halved: FSDP2 shards all three (in ZeRO's
+# terms, stage 3; stage 1 shards only the optimizer state, stage 2 also the gradients). The
+# peak adds back the gathered root (4,224 elements) and one block (12,704 elements), 67,712
+# bytes, but not the whole model. DDP's peak is its steady state: it never gathers, it has
+# everything all the time.
+#
+# The same accounting by formula for a large model: mixed-precision Adam keeps 16 bytes per
+# parameter (bf16 parameter 2, bf16 gradient 2, fp32 master copy 4, two fp32 moments 8). DDP
+# keeps all 16 on every GPU; FSDP2 keeps 16 / N per GPU, plus the gathered bf16 units.
+#
+# **Predict.** An 8B-parameter model on 8 GPUs of 80 GB: does it fit with DDP? With FSDP2?
+
+# %%
+GB = 1e9
+
+
+def per_gpu_bytes(n_params, world, sharded, bytes_per_param=16):
+    """Steady-state training state per GPU, mixed-precision Adam (no activations)."""
+    return n_params * bytes_per_param / (world if sharded else 1)
+
+
+big, world = 8e9, 8
+print(f"DDP:   {per_gpu_bytes(big, world, False) / GB:.0f} GB per GPU")
+print(f"FSDP2: {per_gpu_bytes(big, world, True) / GB:.0f} GB per GPU")
+layer = big / 32  # a 32-layer model: one layer's bf16 parameters gathered at a time
+print(f"FSDP2 peak adds one gathered layer in bf16: {layer * 2 / GB:.1f} GB")
+
+# %% [markdown]
+# Output:
+# ```text
+# DDP:   128 GB per GPU
+# FSDP2: 16 GB per GPU
+# FSDP2 peak adds one gathered layer in bf16: 0.5 GB
+# ```
+#
+# 128 GB does not fit on an 80 GB GPU before a single activation is stored: DDP cannot
+# train this model at all. Sharded over 8 GPUs the same state is 16 GB per GPU, plus half a
+# gigabyte for the layer being computed (the bf16 parameters of one of 32 layers; two with
+# prefetching), leaving most of the GPU for activations. The formula is the steady state the
+# table above measured on a small scale; the `multigpu` test compares it with
+# `torch.cuda.max_memory_allocated` on 2 GPUs (not verified on hardware in this course's CI).
+
+# %% [markdown]
+# The figure puts both measurements side by side: each rank's bytes under DDP and FSDP2,
+# and the residency trace of section 5 (the `None` setting) through one step.
+
+# %%
+TRACE = re.compile(r"rank 0: trace (.+?) +\| ([fs](?: [fs]){3}) \| +(\d+) bytes")
+MODULES = ("embed", "blocks.0", "blocks.1", "head")
+
+
+def trace_events(run):
+    """[(label, [True if full, per module], param bytes)] from rank 0's trace lines."""
+    found = filter(None, map(TRACE.fullmatch, section(run, "reshard")[0]))
+    return [(m[1], [s == "f" for s in m[2].split()], int(m[3])) for m in found]
+
+
+def plot_memory(ax, rows):
+    width = 0.2
+    for i, (rank, name) in enumerate((r, n) for r in sorted(rows) for n in ("DDP", "FSDP2")):
+        xs = [c + (i - 1.5) * width for c in range(len(COLUMNS))]
+        ax.bar(xs, [v / 1024 for v in rows[rank][name]], width, label=f"rank {rank} {name}",
+               color="tab:blue" if name == "DDP" else "tab:orange", alpha=1.0 - 0.4 * rank)
+    ax.set_xticks(range(len(COLUMNS)), COLUMNS)
+    ax.set_ylabel("KiB per rank")
+    ax.set_title("Bytes per rank after one AdamW step (fp32)")
+    ax.legend(fontsize=8)
+
+
+def plot_residency(ax, events):
+    grid = torch.tensor([full for _, full, _ in events], dtype=torch.float32).T  # (modules, events)
+    ax.imshow(grid.numpy(), cmap="Greens", vmin=-0.3, vmax=1.2, aspect="auto")
+    ax.set_yticks(range(len(MODULES)), MODULES)
+    ax.set_xticks(range(len(events)), [label for label, _, _ in events], rotation=60, ha="right")
+    ax.set_title("Gathered (dark) or sharded, one step, reshard_after_forward=None")
+
+
+def plot_step(rows, events):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    plot_memory(left, rows)
+    plot_residency(right, events)
+    fig.tight_layout()
+    return fig
+
+
+events = trace_events(run)
+fig = plot_step(rows, events)
+fig.savefig(HERE / "fsdp2_step.png")
+
+# %% [markdown]
+# On the left, the orange bars (FSDP2) are half the blue ones (DDP) in every column but
+# the peak; the two ranks' bars are equal. On the right, read each column as a moment of the
+# step: the root unit (embed and head rows) is gathered from the first forward to the
+# backward of the embedding, the blocks only while they compute, once in forward and once
+# in backward; after backward every row is sharded.
+
+# %% [markdown]
+# ## 8. Gradient accumulation without communication
+#
+# With several micro-batches per optimizer step, reducing the gradients after each one
+# wastes communication. `model.set_requires_gradient_sync(False)` makes backward keep
+# the gathered, unreduced gradients and skip the reduce-scatter; set it back to True for
+# the last micro-batch, whose backward reduce-scatters the accumulated sum. (FSDP2's
+# counterpart of DDP's `no_sync()`; the price is that the unsharded gradients stay in memory
+# between micro-batches.)
+#
+# **Predict.** Is the result the manual data-parallel accumulation: for each micro-batch, the
+# average of the ranks' gradients, summed over micro-batches?
+
+# %%
+show(run, "no_sync")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: set_requires_gradient_sync(False) accumulation vs manual: max grad gap 1.4e-17
+# ```
+#
+# Equal to rounding: summing locally first and averaging once gives the same gradient as
+# averaging each micro-batch, because both are linear.
+
+# %% [markdown]
+# ## 9. CPU offload
+#
+# `fully_shard(..., offload_policy=CPUOffloadPolicy())` keeps the shards, their gradients
+# and the optimizer step on the CPU, and copies each unit to the GPU only to gather it. On a
+# GPU machine that trades PCIe traffic for GPU memory. Its `pin_memory` option (default
+# `True`) allocates page-locked host memory, which needs an accelerator.
+#
+# **Predict.** On this CPU-only machine, does offloading work? With the default
+# `pin_memory=True`?
+
+# %%
+show(run, "offload")
+print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('Traceback' in e for e in run.err.values())}")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: CPUOffloadPolicy(pin_memory=False): shards on cpu, step gap 9.6e-14
+# rank 0: CPUOffloadPolicy() (pin_memory=True): RuntimeError: Cannot access accelerator device when none is available.
+# launch exit code 0; ranks whose stderr has a traceback: 0
+# ```
+#
+# With `pin_memory=False` the policy works on the CPU and the step still equals one
+# process: the shards simply live where they already were. With the default
+# `pin_memory=True`, `fully_shard` itself fails in 2.13.0 with "Cannot access accelerator
+# device when none is available": page-locked memory is allocated through an accelerator's
+# runtime. On a CPU-only
+# machine, pass `pin_memory=False` (or no offload policy: there is nowhere to offload to).
+# The worker's `pinned` part lets this error escape: the launch then fails cleanly, both
+# ranks exiting with code 1 after the barrier and `destroy_process_group()` (the tests run
+# it).
+
+# %% [markdown]
+# ## Summary
+#
+# - DDP keeps everything on every rank and all-reduces gradients: one step on 2 ranks equals
+#   one process (float64 ~1e-13); `no_sync` accumulation equals manual accumulation.
+# - `fully_shard` bottom-up (blocks, then the root) makes one unit per call; parameters at
+#   rest are DTensors `Shard(0)`, each rank holding half of the 29,632 elements; create the
+#   optimizer after sharding. One AdamW step equals one process (float64 ~1e-13; float32
+#   ~1e-5 because Adam's first step amplifies rounding in small gradients).
+# - The gathering happens in hooks on `__call__`: `model.forward(x)` raises "got mixed
+#   torch.Tensor and DTensor", and `unshard()` + `forward()` on a never-called model silently
+#   loses the root's gradients. Call `model(x)`; use `register_fsdp_forward_method` for other
+#   entry points.
+# - `reshard_after_forward`: True frees every unit after its forward (one more all-gather in
+#   backward), False keeps all units full until backward (DDP-like parameter memory), None
+#   (default) frees all but the root.
+# - `MixedPrecisionPolicy(bf16, fp32)`: bf16 weights, activations and gathers; fp32 sharded
+#   master parameters and gradients.
+# - Per rank, FSDP2 halves parameters, gradients and AdamW state on 2 ranks; its peak adds
+#   only the gathered units. For 8B parameters on 8 GPUs: 128 GB per GPU with DDP, 16 GB
+#   with FSDP2.
+# - `set_requires_gradient_sync(False)` accumulation is exact; `CPUOffloadPolicy` needs
+#   `pin_memory=False` without an accelerator.
+#
+# ## Exercises
+#
+# Open `exercises.py` in this folder (check with `make exercises N=11`; `solutions.py` has
+# one way):
+#
+# 1. `local_numel(shapes, world, rank)`: how many elements rank `rank` holds under
+#    `Shard(0)` for parameters of these shapes. The tests compare it with the ranks' printed
+#    counts and with odd first dimensions.
+# 2. `peak_param_bytes(root, blocks, world, elem, reshard)`: a rank's parameter bytes at the
+#    peak of one step, for `reshard_after_forward` None and False. The tests compare it with
+#    the trace of section 5.
+# 3. `max_params(gpu_bytes, world, bytes_per_param)`: the largest model whose sharded
+#    training state fits on each GPU.
+#
+# These change the worker and run it with torchrun:
+#
+# A. Apply `fully_shard` to the root only (no blocks). How many units, and what does the
+#    trace show? What happens to the peak?
+# B. Run the `main` part with `--nproc-per-node=3`. Which lines change? (`batch` assumes a
+#    batch that splits evenly.)
+# C. Give `MixedPrecisionPolicy` `output_dtype=torch.float32` and check the logits' dtype.

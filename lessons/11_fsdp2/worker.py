@@ -1,0 +1,470 @@
+"""The worker of lesson 11: DDP and FSDP2 (`fully_shard`) on 2 ranks.
+
+    torchrun --standalone --nproc-per-node=2 lessons/11_fsdp2/worker.py main
+    torchrun --standalone --nproc-per-node=2 lessons/11_fsdp2/worker.py pinned
+    ... worker.py main --backend nccl   # 2 CUDA devices; adds a `cuda_memory` section
+
+- `main`: DDP as the baseline (one step, `no_sync` accumulation); FSDP2 on a tiny
+  transformer-like model: placements and local sizes, one AdamW step vs one process, the
+  hooks on `__call__`, `reshard_after_forward`, mixed precision, memory per rank,
+  `set_requires_gradient_sync(False)` accumulation, CPU offload.
+- `pinned`: `CPUOffloadPolicy()` (pin_memory=True by default) on a machine without an
+  accelerator; the error is not caught, so the part fails: the launch ends with exit code 1,
+  cleanly (barrier, destroy_process_group, os._exit).
+
+Output: every line is one print() that starts with `rank N:`; facts both ranks share come
+from rank 0 only; `== name ==` lines start a section. Teardown as in lesson 09: barrier, then
+destroy_process_group, flush, os._exit(code) with any traceback printed first.
+"""
+
+import argparse
+import datetime
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard,
+                                    register_fsdp_forward_method)
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+TIMEOUT = datetime.timedelta(seconds=45)  # gloo's default is 30 minutes
+V, D, T, B = 64, 32, 8, 4  # vocabulary, width, tokens per sequence, sequences per rank
+NAMES = ("embed", "blocks.0", "blocks.1", "head")  # the modules we watch
+
+
+def say(text):
+    print(f"rank {dist.get_rank()}: {text}", flush=True)
+
+
+def shared(text):
+    if dist.get_rank() == 0:
+        say(text)
+
+
+def section(name):
+    say(f"== {name} ==")
+
+
+class Block(nn.Module):
+    """Pre-norm causal self-attention and MLP, each with a residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+        self.up, self.down = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
+
+    def forward(self, x):  # (B, T, D)
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)  # each (B, T, D): one head
+        x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(V, D)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.norm = nn.LayerNorm(D)
+        self.head = nn.Linear(D, V)
+
+    def encode(self, tokens):  # (B, T) -> (B, T, D)
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def forward(self, tokens):  # (B, T) -> (B*T, V)
+        # a 2-D input to the head: a 3-D one returns a view, and FSDP2 warns that an in-place
+        # op on a view output would skip its pre-backward hook
+        return self.head(self.encode(tokens).flatten(0, 1))
+
+
+def make_model(dtype, device):
+    torch.manual_seed(0)  # the same initial weights on every rank and in the reference
+    return Tiny().to(device=device, dtype=dtype)
+
+
+def shard(model, **kw):
+    """fully_shard bottom-up: each block is a unit, the root takes embed, norm and head."""
+    for block in model.blocks:
+        fully_shard(block, **kw)
+    return fully_shard(model, **kw)
+
+
+def batch(device, seed=1):
+    """The global batch (2B sequences) and this rank's half of it."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, V, (2 * B, T + 1), generator=gen).to(device)  # (2B, T+1)
+    mine = tokens.chunk(dist.get_world_size())[dist.get_rank()]  # (B, T+1)
+    return tokens, mine
+
+
+def loss_fn(model, tokens):  # next-token prediction, mean over this batch
+    logits = model(tokens[:, :-1])  # (b*T, V)
+    return F.cross_entropy(logits, tokens[:, 1:].flatten())
+
+
+def adamw_step(model, tokens):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)  # after sharding: it sees DTensors
+    loss_fn(model, tokens).backward()
+    opt.step()
+    return opt
+
+
+def full(t):
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def max_gap(model, ref):
+    """Largest |difference| between a (possibly sharded) model's parameters and ref's."""
+    pairs = zip(model.parameters(), ref.parameters())
+    return max((full(p).detach().cpu() - q.detach().cpu()).abs().max().item() for p, q in pairs)
+
+
+def accumulated_reference(tokens, device):
+    """One process: 2 micro-batches, each the average of the 2 ranks' mean losses."""
+    ref = make_model(torch.float64, device)
+    for micro in tokens.view(2, 2, B // 2, T + 1).transpose(0, 1):  # micro m: (2 ranks, B/2, T+1)
+        (sum(loss_fn(ref, m) for m in micro) / 2).backward()  # grads accumulate in .grad
+    return ref
+
+
+def grad_gap(model, ref):
+    pairs = zip(model.parameters(), ref.parameters())
+    return max((full(p.grad).cpu() - q.grad.cpu()).abs().max().item() for p, q in pairs)
+
+
+# ----------------------------------------------------------------------------- DDP
+
+
+def show_ddp(device):
+    section("ddp")
+    tokens, mine = batch(device)
+    ref = make_model(torch.float64, device)
+    adamw_step(ref, tokens)  # one process, the whole batch
+    ddp = DDP(make_model(torch.float64, device))
+    n = sum(p.numel() for p in ddp.parameters())
+    say(f"holds all {n} parameters, grads all-reduced (averaged) in backward")
+    adamw_step(ddp, mine)  # each rank: half the batch
+    shared(f"one AdamW step vs one process on the whole batch: max gap {max_gap(ddp.module, ref):.1e}")
+    acc = DDP(make_model(torch.float64, device))
+    with acc.no_sync():  # micro-batch 1: no all-reduce, grads only accumulate locally
+        loss_fn(acc, mine[: B // 2]).backward()
+    loss_fn(acc, mine[B // 2:]).backward()  # micro-batch 2: all-reduce the accumulated sum
+    gap = grad_gap(acc.module, accumulated_reference(tokens, device))
+    shared(f"no_sync accumulation vs manual accumulation: max grad gap {gap:.1e}")
+    return n
+
+
+# ----------------------------------------------------------------------------- FSDP2
+
+
+def local_numel(model):
+    return sum(p.to_local().numel() for p in model.parameters())
+
+
+def show_placements(mesh, device):
+    section("placements")
+    model = shard(make_model(torch.float64, device), mesh=mesh)
+    kinds = {(type(p).__name__, str(p.placements)) for p in model.parameters()}
+    shared(f"parameter types and placements at rest: {sorted(kinds)}")
+    w = model.head.weight
+    say(f"head.weight global {list(w.shape)}, local {list(w.to_local().shape)}")
+    total = sum(p.numel() for p in model.parameters())
+    mine = local_numel(model)
+    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(2)]
+    dist.all_gather(counts, torch.tensor([mine], device=device))
+    say(f"holds {mine} of {total} parameter elements ({mine / total:.3f})")
+    shared(f"sum over ranks {sum(int(c) for c in counts)} = total {total}")
+
+
+def show_step(mesh, device):
+    section("step")
+    tokens, mine = batch(device)
+    for dtype in (torch.float64, torch.float32):
+        ref = make_model(dtype, device)
+        adamw_step(ref, tokens)
+        model = shard(make_model(dtype, device), mesh=mesh)
+        opt = adamw_step(model, mine)
+        state = opt.state[model.head.weight]
+        shared(f"{str(dtype)[6:]}: one AdamW step vs one process: max gap {max_gap(model, ref):.1e}")
+    shared(f"optimizer state is sharded too: exp_avg {type(state['exp_avg']).__name__} "
+           f"{state['exp_avg'].placements}, local {list(state['exp_avg'].to_local().shape)}")
+
+
+def root_grads(model, ref):
+    """The root unit's own parameters (embed, norm, head): how many got a gradient, and the
+    largest gap to the one-process gradient of the whole batch among those that did."""
+    pairs = [(p, q) for (n, p), q in zip(model.named_parameters(), ref.parameters())
+             if not n.startswith("blocks.")]
+    gaps = [(full(p.grad) - q.grad).abs().max().item() for p, q in pairs if p.grad is not None]
+    return f"{len(gaps)} of {len(pairs)}, max gap {max(gaps, default=float('nan')):.1e}"
+
+
+def show_hooks(mesh, device):
+    section("hooks")
+    tokens, mine = batch(device)
+    ref = make_model(torch.float64, device)
+    loss_fn(ref, tokens).backward()  # one process, the whole batch: the gradient to expect
+    model = shard(make_model(torch.float64, device), mesh=mesh)
+    try:
+        model.forward(mine[:, :-1])
+        shared("model.forward(x) on a fresh model: no error")
+    except Exception as err:  # the root's params are still DTensor shards
+        shared(f"model.forward(x) on a fresh model: {type(err).__name__}: {str(err).splitlines()[0]}")
+    loss_fn(model, mine).backward()
+    shared(f"model(x) through __call__: root params with a grad {root_grads(model, ref)}")
+    show_trap(mesh, device, mine, ref)
+    show_fixes(mesh, device, mine, ref)
+
+
+def show_trap(mesh, device, mine, ref):
+    """unshard() then forward() on a model never called: the root's hooks never ran."""
+    trap = shard(make_model(torch.float64, device), mesh=mesh)
+    root = [p for n, p in trap.named_parameters() if not n.startswith("blocks.")]  # DTensors
+    trap.unshard()  # gathers the root's params, but the root's pre-forward hook never ran
+    F.cross_entropy(trap.forward(mine[:, :-1]), mine[:, 1:].flatten()).backward()
+    shared(f"unshard() + forward() on a never-called model: root DTensor params with a grad "
+           f"{sum(p.grad is not None for p in root)} of {len(root)}")
+    pairs = zip(trap.named_parameters(), ref.parameters())  # the blocks' own hooks did run
+    blocks = [(full(p.grad) - q.grad).abs().max().item() for (n, p), q in pairs if n.startswith("blocks.")]
+    shared(f"trap: the blocks' grads vs one process: max gap {max(blocks):.1e}")
+    left = trap.head.weight  # still the gathered plain tensor: never resharded
+    half = make_model(torch.float64, device)
+    loss_fn(half, mine).backward()  # this rank's half batch only, one process
+    say(f"trap: head.weight is now a {type(left).__name__}, its grad vs this rank's own "
+        f"half-batch grad: gap {(left.grad - half.head.weight.grad).abs().max().item():.1e}")
+
+
+def show_fixes(mesh, device, mine, ref):
+    x = mine[:, :-1]  # (B, T)
+    fixed = shard(make_model(torch.float64, device), mesh=mesh)
+    loss_fn(fixed, mine).backward()  # one call through __call__ first: the root is set up
+    fixed.zero_grad(set_to_none=True)
+    fixed.unshard()
+    F.cross_entropy(fixed.forward(x), mine[:, 1:].flatten()).backward()
+    shared(f"unshard() + forward() after one model(x): root params with a grad {root_grads(fixed, ref)}")
+    enc = shard(make_model(torch.float64, device), mesh=mesh)
+    register_fsdp_forward_method(enc, "encode")  # encode() now runs the hooks too
+    h = enc.encode(x)  # (B, T, D)
+    gap = (h - make_model(torch.float64, device).encode(x)).abs().max().item()
+    shared(f"register_fsdp_forward_method(model, 'encode'): encode(x) -> {type(h).__name__} "
+           f"{list(h.shape)}, gap to one process {gap:.1e}")
+
+
+def residency(model):
+    """'full' or 'shard' for each watched module: FSDP2 swaps a gathered param in as a plain
+    tensor and the DTensor shard back in when it reshards."""
+    mods = dict(model.named_modules())
+    return ["shard" if isinstance(next(mods[n].parameters()), DTensor) else "full" for n in NAMES]
+
+
+def gathered_bytes(model):
+    """Bytes of the parameters gathered right now (plain tensors); the shards stay as well."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if not isinstance(p, DTensor))
+
+
+def trace_step(model, tokens):
+    """Residency of each watched module at each point of one forward + backward."""
+    events, mods = [], dict(model.named_modules())
+    shards = nbytes(model.parameters())  # at rest: every parameter is this rank's shard
+
+    def snap(label):  # parameter bytes held now: all shards, plus each gathered unit
+        events.append((label, residency(model), shards + gathered_bytes(model)))
+
+    def during(name):
+        return lambda mod, args: snap(f"fwd {name}")  # after FSDP's own pre-forward hook
+
+    def after(name):
+        def hook(mod, args, out):  # FSDP's pre-backward hook is registered first: it runs first
+            out.register_hook(lambda g: snap(f"bwd {name}"))
+        return hook
+
+    handles = [mods[n].register_forward_pre_hook(during(n)) for n in NAMES]
+    handles += [mods[n].register_forward_hook(after(n)) for n in NAMES]
+    loss = loss_fn(model, tokens)
+    snap("after fwd")
+    loss.backward()
+    snap("after bwd")
+    for h in handles:
+        h.remove()
+    return events
+
+
+def show_reshard(mesh, device):
+    section("reshard")
+    _, mine = batch(device)
+    for mode in (True, False, None):
+        model = shard(make_model(torch.float32, device), mesh=mesh, reshard_after_forward=mode)
+        events = trace_step(model, mine)
+        between = dict(zip(NAMES, events[NAMES.index("head") + 1][1]))
+        shared(f"reshard_after_forward={mode}: between forward and backward {between}")
+        if mode is None:  # one line per moment: embed, blocks.0, blocks.1, head; param bytes
+            for label, state, nbytes in events:
+                shared(f"trace {label:<12} | {' '.join(s[0] for s in state)} | {nbytes:>6} bytes")
+
+
+def show_mixed(mesh, device):
+    section("mixed")
+    _, mine = batch(device)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model = shard(make_model(torch.float32, device), mesh=mesh, mp_policy=mp)
+    seen = {}
+    model.blocks[0].up.register_forward_hook(
+        lambda m, args, out: seen.update(w=m.weight.dtype, x=args[0].dtype, out=out.dtype))
+    logits = model(mine[:, :-1])
+    shared(f"inside blocks.0.up: weight {seen['w']}, input {seen['x']}, output {seen['out']}")
+    shared(f"logits {logits.dtype}")
+    F.cross_entropy(logits.float(), mine[:, 1:].flatten()).backward()
+    w = model.blocks[0].up.weight
+    shared(f"at rest: blocks.0.up.weight {type(w).__name__} {w.dtype}, grad {w.grad.dtype}")
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def nbytes(tensors):
+    return sum((t.to_local() if isinstance(t, DTensor) else t).numel() * t.element_size() for t in tensors)
+
+
+def accounting(model, opt, peak_params):
+    params = nbytes(model.parameters())
+    grads = nbytes(p.grad for p in model.parameters())
+    state = nbytes(v for s in opt.state.values() for k, v in s.items() if k != "step")
+    return params, grads, state, params + grads + state, peak_params + grads + state
+
+
+def show_memory(mesh, device):
+    section("memory")
+    _, mine = batch(device)
+    ddp = DDP(make_model(torch.float32, device))
+    opt = adamw_step(ddp, mine)
+    p = nbytes(ddp.parameters())
+    rows = {"DDP": accounting(ddp, opt, p)}
+    model = shard(make_model(torch.float32, device), mesh=mesh)
+    events = trace_step(model, mine)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt.step()
+    rows["FSDP2"] = accounting(model, opt, max(b for _, _, b in events))
+    for name, row in rows.items():  # bytes: params, grads, AdamW, steady, peak
+        say(f"{name} bytes: " + " ".join(str(v) for v in row))
+    units = {"root": sum(p.numel() for n, p in model.named_parameters() if not n.startswith("blocks.")),
+             "block": sum(p.numel() for p in model.blocks[0].parameters())}
+    shared(f"unit sizes (elements): root {units['root']}, block {units['block']}")
+
+
+def show_no_sync(mesh, device):
+    section("no_sync")
+    tokens, mine = batch(device)
+    ref = accumulated_reference(tokens, device)
+    model = shard(make_model(torch.float64, device), mesh=mesh)
+    model.set_requires_gradient_sync(False)  # micro-batch 1: keep unsharded grads, no reduce
+    loss_fn(model, mine[: B // 2]).backward()
+    model.set_requires_gradient_sync(True)  # micro-batch 2: reduce-scatter the accumulated sum
+    loss_fn(model, mine[B // 2:]).backward()
+    shared(f"set_requires_gradient_sync(False) accumulation vs manual: max grad gap {grad_gap(model, ref):.1e}")
+
+
+def show_offload(mesh, device):
+    section("offload")
+    tokens, mine = batch(device)
+    ref = make_model(torch.float64, device)
+    adamw_step(ref, tokens)
+    model = shard(make_model(torch.float64, device), mesh=mesh,
+                  offload_policy=CPUOffloadPolicy(pin_memory=False))
+    adamw_step(model, mine)
+    w = model.head.weight.to_local()
+    shared(f"CPUOffloadPolicy(pin_memory=False): shards on {w.device.type}, step gap {max_gap(model, ref):.1e}")
+    try:
+        shard(make_model(torch.float64, device), mesh=mesh, offload_policy=CPUOffloadPolicy())
+        shared("CPUOffloadPolicy() (pin_memory=True): no error")
+    except Exception as err:
+        shared(f"CPUOffloadPolicy() (pin_memory=True): {type(err).__name__}: {str(err).splitlines()[0]}")
+
+
+def show_cuda_memory(mesh, device):
+    """NCCL only: the peak CUDA memory of one FSDP2 step vs the steady-state formula."""
+    section("cuda_memory")
+    _, mine = batch(device)
+    model = shard(make_model(torch.float32, device), mesh=mesh)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    adamw_step(model, mine)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated(device) - base
+    state = 4 * 3 * local_numel(model)  # fp32 grads and AdamW's 2 moments, sharded
+    units = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("blocks.1."))
+    say(f"peak above the sharded params {peak} bytes; formula: grads + AdamW {state} bytes, "
+        f"+ root and one block gathered {state + 4 * units} bytes")
+
+
+def main_part(device):
+    show_ddp(device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    show_placements(mesh, device)
+    show_step(mesh, device)
+    show_hooks(mesh, device)
+    show_reshard(mesh, device)
+    show_mixed(mesh, device)
+    show_memory(mesh, device)
+    show_no_sync(mesh, device)
+    if device.type == "cpu":
+        show_offload(mesh, device)
+    else:
+        show_cuda_memory(mesh, device)
+    return 0
+
+
+def pinned_part(device):
+    section("pinned")
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    shard(make_model(torch.float32, device), mesh=mesh, offload_policy=CPUOffloadPolicy())
+    say("sharded with pinned CPU offload")
+    return 0
+
+
+def setup(backend):
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=TIMEOUT, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=TIMEOUT)
+    return device
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=["main", "pinned"])
+    parser.add_argument("--backend", choices=["gloo", "nccl", "auto"], default="gloo")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    device = setup(args.backend)
+    code = 1
+    try:
+        code = {"main": main_part, "pinned": pinned_part}[args.part](device)
+    except Exception:
+        traceback.print_exc()  # os._exit below would otherwise swallow the error
+    finally:
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
