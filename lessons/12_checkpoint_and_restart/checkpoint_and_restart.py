@@ -1,0 +1,924 @@
+# %% [markdown]
+# # 12 · Distributed checkpoint and restart
+#
+# A long training run will be interrupted: a machine fails, a job is preempted, a rank runs
+# out of memory. What survives is what was written to disk. This lesson saves training
+# state with `torch.distributed.checkpoint` (DCP), proves that a restored run takes the next
+# step *bit for bit* like the run that never stopped, moves a checkpoint between 2 ranks and
+# 1 process, and then kills a rank in the middle of a real 2-rank job and lets torchrun
+# restart it.
+#
+# **What you will learn**
+#
+# - how DCP saves a model and an Adam optimizer (`get_state_dict`, `dcp.save`, `dcp.load`,
+#   `set_state_dict`), which files it writes and what its `.metadata` says;
+# - that a checkpoint is more than weights: step, learning-rate schedule, random state and
+#   the data loader's position, and what goes wrong without each;
+# - how a checkpoint saved by 2 FSDP2 ranks loads into 1 process and back into 2 (resharding),
+#   and how to turn it into one `torch.save` file;
+# - `dcp.async_save`: writing a checkpoint while the next step runs;
+# - the restart drill: `torchrun --max-restarts=1`, a rank killed while writing a
+#   checkpoint, a restart from the latest *complete* checkpoint, and a final result equal
+#   to an uninterrupted run;
+# - why `torch.load` of a stranger's file is dangerous and what `weights_only=True` and
+#   safetensors do about it.
+#
+# **Prerequisites:** lessons 09 (process groups, torchrun, DTensor) and 11 (FSDP2); lesson
+# 04 (modules, optimizers, data loaders).
+#
+# **How to run:** `python lessons/12_checkpoint_and_restart/checkpoint_and_restart.py` or
+# `make lesson N=12` from the repository root, or open `checkpoint_and_restart.ipynb`. It
+# writes checkpoints into a temporary folder (removed at the end), launches two 2-rank
+# runs of `worker.py` on the CPU with gloo (20 to 35 s in all on this shared 2-core
+# machine), and saves its figure next to the lesson. You can run the worker yourself:
+# `torchrun --standalone --nproc-per-node=2 lessons/12_checkpoint_and_restart/worker.py reshard /tmp/ck`
+# or, for the drill (an empty folder each time),
+# `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 --max-restarts=1 lessons/12_checkpoint_and_restart/worker.py drill /tmp/drill`
+# (add `--backend nccl` on a machine with 2 GPUs). Each printing cell is followed by an
+# *Output* block: what it printed with the pinned PyTorch (2.13.0), checked by `make test`.
+
+# %%
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import matplotlib.pyplot as plt
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+WORKER = HERE / "worker.py"
+TMP = Path(tempfile.mkdtemp(prefix="lesson12-"))  # every checkpoint of the lesson; removed at the end
+F = torch.nn.functional
+
+
+def same(a, b):
+    """Bitwise equality (rtol=0, atol=0): torch.equal compares every element exactly."""
+    return torch.equal(a, b)
+
+
+# %% [markdown]
+# ## 1. One process: save after one Adam step, restore, take the second step
+#
+# A model's `state_dict()` maps names to tensors; an optimizer's maps parameter *numbers* to
+# its state (Adam: `step`, `exp_avg`, `exp_avg_sq`) plus its hyperparameters.
+# `get_state_dict(model, optim)` returns both in one convention, with the optimizer keyed by
+# parameter *names*, and works the same for a plain model and for FSDP2's sharded one.
+# `dcp.save(state, checkpoint_id=folder)` writes a nested dict of them into a folder;
+# `dcp.load(state, checkpoint_id=folder)` reads *in place* into tensors you already have, so
+# a restore first builds the model and optimizer, asks for their state dicts as a template,
+# loads into it, and hands the result back with `set_state_dict`.
+#
+# The test is strict: one model takes two Adam updates without stopping; another is built
+# fresh (different weights), restored from the checkpoint written after update 1, and takes
+# update 2.
+#
+# **Predict.** Which files does `dcp.save` write for a single process? After the restore,
+# is the second update equal to the uninterrupted one exactly, or only to rounding?
+
+
+# %%
+def tiny(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    return model, torch.optim.Adam(model.parameters(), lr=0.1)
+
+
+def update(model, optim, x, y):  # x (4, 4), y (4, 2)
+    optim.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    optim.step()
+    return loss.detach()
+
+
+gen = torch.Generator().manual_seed(0)
+xs, ys = torch.randn(2, 4, 4, generator=gen), torch.randn(2, 4, 2, generator=gen)  # 2 batches
+model, optim = tiny(0)
+update(model, optim, xs[0], ys[0])
+msd, osd = get_state_dict(model, optim)
+one = TMP / "one"
+dcp.save({"model": msd, "optim": osd}, checkpoint_id=one, no_dist=True)
+print(f"files: {sorted(p.name for p in one.iterdir())}")
+loss2 = update(model, optim, xs[1], ys[1])  # the uninterrupted run goes on
+
+fresh, fresh_optim = tiny(1)  # other weights, an optimizer with no state yet
+msd, osd = get_state_dict(fresh, fresh_optim)  # the template DCP fills in place
+loaded = {"model": msd, "optim": osd}
+dcp.load(loaded, checkpoint_id=one, no_dist=True)
+set_state_dict(fresh, fresh_optim, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+loss2_restored = update(fresh, fresh_optim, xs[1], ys[1])
+print(f"update 2 loss: uninterrupted {loss2.item():.6f}, restored {loss2_restored.item():.6f}, equal {same(loss2, loss2_restored)}")
+for (name, p), q in zip(model.named_parameters(), fresh.parameters()):
+    s, t = optim.state[p], fresh_optim.state[q]
+    eq = {k: same(s[k], t[k]) for k in ("exp_avg", "exp_avg_sq", "step")}
+    print(f"{name}: param {same(p, q)}, exp_avg {eq['exp_avg']}, exp_avg_sq {eq['exp_avg_sq']}, step {eq['step']} ({t['step'].item():.0f})")
+
+# %% [markdown]
+# Output:
+# ```text
+# files: ['.metadata', '__0_0.distcp']
+# update 2 loss: uninterrupted 1.529952, restored 1.529952, equal True
+# weight: param True, exp_avg True, exp_avg_sq True, step True (2)
+# bias: param True, exp_avg True, exp_avg_sq True, step True (2)
+# ```
+#
+# Exactly equal, every element of every tensor: the restored model and optimizer hold the
+# same bits as the uninterrupted ones after update 1, and update 2 is the same arithmetic on
+# the same bits. A restore is a correct one only when it is *bitwise*: "close" would hide a
+# missing piece of state (the last sections show what that looks like). DCP wrote two files:
+# `__0_0.distcp` holds the bytes written by rank 0 (here the only process), `.metadata`
+# says where every tensor is. `no_dist=True` says there is no process group; DCP also warns
+# "assuming the intent is to save/load in a single process" (a `UserWarning` it always
+# raises there).
+#
+# **Predict.** What does the metadata list: only the parameters, or the optimizer's
+# hyperparameters too? How does it store a learning rate?
+
+# %%
+meta = dcp.FileSystemReader(one).read_metadata()
+for key, item in meta.state_dict_metadata.items():
+    if key.startswith("optim.param_groups") and not key.endswith((".lr", ".params")):
+        continue  # the other hyperparameters look like .lr
+    kind = f"tensor {list(item.size)} {item.properties.dtype}" if hasattr(item, "size") else "bytes (pickled)"
+    where = [s for i, s in meta.storage_data.items() if i.fqn == key][0]
+    print(f"{key:32} {kind:28} in {where.relative_path} at byte {where.offset}")
+
+# %% [markdown]
+# Output:
+# ```text
+# model.weight                     tensor [2, 4] torch.float32  in __0_0.distcp at byte 15132
+# model.bias                       tensor [2] torch.float32     in __0_0.distcp at byte 16709
+# optim.state.weight.step          tensor [] torch.float32      in __0_0.distcp at byte 18286
+# optim.state.weight.exp_avg       tensor [2, 4] torch.float32  in __0_0.distcp at byte 19863
+# optim.state.weight.exp_avg_sq    tensor [2, 4] torch.float32  in __0_0.distcp at byte 21440
+# optim.state.bias.step            tensor [] torch.float32      in __0_0.distcp at byte 23017
+# optim.state.bias.exp_avg         tensor [2] torch.float32     in __0_0.distcp at byte 24594
+# optim.state.bias.exp_avg_sq      tensor [2] torch.float32     in __0_0.distcp at byte 26171
+# optim.param_groups.0.lr          bytes (pickled)              in __0_0.distcp at byte 0
+# optim.param_groups.0.params      bytes (pickled)              in __0_0.distcp at byte 13871
+# ```
+#
+# The nested dict is flattened into dotted keys. Every tensor has a global shape and dtype
+# (and, when saved by several ranks, the list of *chunks* each rank holds: section 3);
+# everything that is not a tensor (the learning rate, the betas, the parameter names) is
+# pickled as bytes. Adam's `step` is a tensor too: a float32 scalar (1 in this checkpoint).
+# The storage index says which file and which byte offset to read, so a loader reads only
+# what it needs. The offsets show the cost of a tiny tensor: each item is its own small
+# `torch.save` record (1577 bytes for a tensor of 8 floats here), so the offsets are those of
+# the pinned torch and would change with it.
+
+# %% [markdown]
+# ## 2. A checkpoint is the whole training state
+#
+# The bitwise restore above worked because the next update depended only on the model and
+# optimizer. A real training loop also depends on:
+#
+# - the **step** count and the **learning-rate scheduler** (here `StepLR`: the LR halves
+#   every 4 steps);
+# - the **random state** (here dropout draws from torch's global generator);
+# - the **data loader's cursor**: the shuffled order of this epoch (drawn from the loader's
+#   own generator when the epoch starts) and how many batches of it were consumed.
+#
+# The `Trainer` below keeps all of them and has `state_dict()` / `load_state_dict()`: DCP
+# treats such an object as *Stateful* and calls those methods itself on save and on load.
+# A run of 12 steps (8 batches of 4 per epoch) is checkpointed after step 6; then it is
+# resumed three times: from a checkpoint of only the model and optimizer, from the full
+# state but with a new process's random state, and from the full state.
+#
+# **Predict.** At step 7, what LR, which batch and which loss does each resume see,
+# compared with the run that never stopped?
+
+
+# %%
+class Trainer:
+    """Model + Adam + StepLR + dropout RNG + a shuffling DataLoader with its cursor."""
+
+    def __init__(self, seed=0):
+        torch.manual_seed(seed)
+        self.model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+        self.optim = torch.optim.Adam(self.model.parameters(), lr=0.1)
+        self.sched = torch.optim.lr_scheduler.StepLR(self.optim, step_size=4, gamma=0.5)
+        data = torch.randn(32, 5, generator=torch.Generator().manual_seed(42))  # (32, 5)
+        ds = torch.utils.data.TensorDataset(torch.arange(32), data[:, :4], data[:, 4:])
+        self.gen = torch.Generator().manual_seed(7)  # the loader's shuffle generator
+        self.loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, generator=self.gen)
+        self.step, self.epoch, self.used, self.it = 0, 0, 0, None
+        self.epoch_rng = self.gen.get_state()  # the state that decides this epoch's order
+
+    def batch(self):
+        if self.it is None:  # (re)start the epoch's iterator at the cursor
+            self.gen.set_state(self.epoch_rng)
+            self.it = iter(self.loader)
+            for _ in range(self.used):
+                next(self.it)  # skip what was already consumed
+        try:
+            idx, x, y = next(self.it)
+        except StopIteration:  # a new epoch: record the generator state, then shuffle
+            self.epoch, self.used, self.it = self.epoch + 1, 0, None
+            self.epoch_rng = self.gen.get_state()
+            return self.batch()
+        self.used += 1
+        return idx, x, y
+
+    def train_step(self):
+        idx, x, y = self.batch()  # idx (4,), x (4, 4), y (4, 1)
+        lr = self.optim.param_groups[0]["lr"]
+        loss = update(self.model, self.optim, x, y)
+        self.sched.step()
+        self.step += 1
+        return {"lr": lr, "batch": idx.tolist(), "loss": loss.item()}
+
+    def state_dict(self):
+        msd, osd = get_state_dict(self.model, self.optim)
+        return {"model": msd, "optim": osd, "sched": self.sched.state_dict(), "rng": torch.get_rng_state(),
+                "cursor": {"step": self.step, "epoch": self.epoch, "used": self.used, "epoch_rng": self.epoch_rng}}
+
+    def load_state_dict(self, sd):
+        set_state_dict(self.model, self.optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        self.sched.load_state_dict(sd["sched"])
+        torch.set_rng_state(sd["rng"])
+        c = sd["cursor"]
+        self.step, self.epoch, self.used, self.epoch_rng, self.it = c["step"], c["epoch"], c["used"], c["epoch_rng"], None
+
+
+def resume(kind):
+    """A fresh Trainer restored from the step-6 checkpoint of `kind`, then steps 7-12."""
+    t = Trainer(seed=1)  # other initial weights: the checkpoint must overwrite them
+    if kind == "weights only":
+        msd, osd = get_state_dict(t.model, t.optim)
+        sd = {"model": msd, "optim": osd}
+        dcp.load(sd, checkpoint_id=TMP / "weights6", no_dist=True)
+        set_state_dict(t.model, t.optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        t.step = 6  # the step count survives in the file name; nothing else does
+    else:
+        dcp.load({"app": t}, checkpoint_id=TMP / "full6", no_dist=True)  # calls t.load_state_dict
+    if kind == "all but RNG":
+        torch.manual_seed(1)  # what a new process would have seeded
+    return t, [t.train_step() for _ in range(6)]
+
+
+straight = Trainer()
+log = [straight.train_step() for _ in range(12)]  # the run that never stops
+first = Trainer()
+for _ in range(6):
+    first.train_step()
+msd, osd = get_state_dict(first.model, first.optim)
+dcp.save({"model": msd, "optim": osd}, checkpoint_id=TMP / "weights6", no_dist=True)
+dcp.save({"app": first}, checkpoint_id=TMP / "full6", no_dist=True)  # calls first.state_dict
+runs = {"uninterrupted": (straight, log[6:])} | {k: resume(k) for k in ("weights only", "all but RNG", "full state")}
+print(f"step 1 of the run used batch {log[0]['batch']}")
+for name, (t, steps) in runs.items():
+    print(f"{name:13} step 7: batch {steps[0]['batch']} loss {steps[0]['loss']:.6f}")
+for name, (t, steps) in runs.items():
+    lrs = " ".join(f"{s['lr']:.4f}" for s in steps)
+    print(f"{name:13} lr at steps 7-12: {lrs}")
+for name, (t, steps) in runs.items():
+    diff = max((p - q).abs().max().item() for p, q in zip(t.model.parameters(), straight.model.parameters()))
+    print(f"{name:13} after step 12: losses equal {[s['loss'] for s in steps] == [s['loss'] for s in log[6:]]}, max |param diff| {diff:.2e}")
+
+# %% [markdown]
+# Output:
+# ```text
+# step 1 of the run used batch [25, 6, 15, 30]
+# uninterrupted step 7: batch [27, 21, 11, 5] loss 1.165962
+# weights only  step 7: batch [25, 6, 15, 30] loss 1.301906
+# all but RNG   step 7: batch [27, 21, 11, 5] loss 0.715965
+# full state    step 7: batch [27, 21, 11, 5] loss 1.165962
+# uninterrupted lr at steps 7-12: 0.0500 0.0500 0.0250 0.0250 0.0250 0.0250
+# weights only  lr at steps 7-12: 0.0500 0.0500 0.0500 0.0500 0.0250 0.0250
+# all but RNG   lr at steps 7-12: 0.0500 0.0500 0.0250 0.0250 0.0250 0.0250
+# full state    lr at steps 7-12: 0.0500 0.0500 0.0250 0.0250 0.0250 0.0250
+# uninterrupted after step 12: losses equal True, max |param diff| 0.00e+00
+# weights only  after step 12: losses equal False, max |param diff| 1.87e-01
+# all but RNG   after step 12: losses equal False, max |param diff| 7.13e-02
+# full state    after step 12: losses equal True, max |param diff| 0.00e+00
+# ```
+#
+# The uninterrupted run's step 7 took batch [27, 21, 11, 5] (the 7th batch of epoch 0's
+# shuffled order) at LR 0.05. Each partial resume goes wrong in its own way:
+#
+# - **weights only** restored the model, Adam's moments and even the *current* LR (it is a
+#   hyperparameter in the optimizer's state dict), but not the scheduler or the cursor. Its
+#   new data loader started the epoch over: step 7 trained on step 1's batch
+#   [25, 6, 15, 30] again, and its fresh `StepLR` counted from 0, so it halved the LR two
+#   steps late (0.05 at steps 9-10 instead of 0.025). Nothing crashes; the run silently
+#   trains on a different schedule and data order.
+# - **all but RNG** had the right batch and LR, but dropout drew another mask from the
+#   global generator, and step 7's loss already differs (0.716 instead of 1.166).
+# - **full state** (`Trainer` as a Stateful object: model, optimizer, scheduler, RNG state,
+#   cursor) reproduced steps 7-12 exactly: same losses, parameters bitwise equal (a max
+#   difference of 0.00e+00).
+#
+# The cursor is `(epoch, batches used, the loader generator's state at the epoch's start)`:
+# restoring the generator redraws the same permutation, and the used batches are skipped.
+# With multi-worker loaders or streaming data the cursor is harder (the torchdata package's
+# `StatefulDataLoader` saves one), but the requirement is the same: the restored run must
+# see the next batch the old run would have seen.
+
+
+# %% [markdown]
+# ## 3. Two ranks save, one process loads, two ranks load again
+#
+# Now the model is sharded. The worker builds the same kind of MLP on 2 ranks, shards it with
+# FSDP2 (`fully_shard`: every parameter a DTensor `Shard(0)`, each rank holding half the
+# rows), takes one step on a global batch of 8 (4 rows per rank) and saves with `dcp.save`:
+# *each rank writes its own shards*, nothing is gathered. Then it takes step 2 (the
+# uninterrupted reference) and builds a fresh sharded model with other weights, loads the
+# checkpoint into it, and takes step 2 again.
+#
+# The launcher below runs `worker.py` under torchrun with the precautions of lesson 09: a
+# hard timeout that kills torchrun's session and every rank's, one log file per rank
+# (`--log-dir` with `--redirects 3`), `OMP_NUM_THREADS=1`. It reads the logs of *every
+# attempt* (`attempt_0`, `attempt_1`, ...), which the restart drill needs, and it sets
+# `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (section 5 says why).
+#
+# **Predict.** How many `.distcp` files does a 2-rank save write? Is the reloaded step 2
+# bitwise equal to the uninterrupted one?
+
+# %%
+GRACE_S = 3.0  # after SIGTERM, how long torchrun gets to stop its ranks itself
+
+
+class Run(NamedTuple):
+    code: int  # torchrun's exit status
+    seconds: float  # wall time of the whole launch
+    out: dict  # {(attempt, rank): what the rank printed}
+    err: dict  # {(attempt, rank): what it wrote to stderr}
+    agent: str  # torchrun's own log
+
+
+def stop(proc):
+    """On timeout: SIGTERM torchrun (it forwards it), then SIGKILL its session and each rank's."""
+    ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in [proc.pid, *map(int, ranks)]:  # torchrun starts each rank in a session of its own
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return proc.wait()
+
+
+def read_logs(logs, name):
+    """{(attempt, rank): text} from torchrun's DIR/<run id>/attempt_N/<rank>/<name>."""
+    return {(int(f.parent.parent.name.split("_")[1]), int(f.parent.name)): f.read_text()
+            for f in logs.glob(f"*/attempt_*/*/{name}")}
+
+
+def launch(args, restarts=0, timeout=120.0):
+    """Run `worker.py *args` on 2 ranks under a hard timeout; never leave a process behind."""
+    logs = Path(tempfile.mkdtemp(prefix="logs-", dir=TMP))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           f"--max-restarts={restarts}", "--log-dir", str(logs), "--redirects", "3", str(WORKER), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    start = time.monotonic()
+    with open(logs / "torchrun.log", "w") as agent_log:
+        proc = subprocess.Popen(cmd, env=env, stdout=agent_log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = stop(proc)
+    run = Run(code, time.monotonic() - start, read_logs(logs, "stdout.log"), read_logs(logs, "stderr.log"),
+              (logs / "torchrun.log").read_text())
+    shutil.rmtree(logs, ignore_errors=True)
+    return run
+
+
+def section(run, name, attempt=0):
+    """{rank: [lines]} of one `== name ==` section of one attempt's output."""
+    found = {}
+    for (a, rank), text in sorted(run.out.items()):
+        lines = text.splitlines()
+        if a != attempt or f"rank {rank}: == {name} ==" not in lines:
+            continue
+        start = lines.index(f"rank {rank}: == {name} ==") + 1
+        ends = [i for i in range(start, len(lines)) if lines[i].startswith(f"rank {rank}: == ")]
+        found[rank] = lines[start:ends[0] if ends else len(lines)]
+    return found
+
+
+def show(run, name, attempt=0):
+    for lines in section(run, name, attempt).values():
+        for line in lines:
+            print(line)
+
+
+ck = TMP / "reshard"
+ck.mkdir()
+run = launch(["reshard", str(ck)])
+print(f"torchrun exit code {run.code} after {run.seconds:.1f} s, ranks {sorted(r for _, r in run.out)}")
+show(run, "save")
+show(run, "reload")
+print(f"files in step1: {sorted(p.name for p in (ck / 'step1').iterdir())}")
+
+# %% [markdown]
+# Output:
+# ```text
+# torchrun exit code 0 after «time» s, ranks [0, 1]
+# rank 0: step 1 loss 1.188288; saved reshard/step1
+# rank 0: local weight shard (8, 8) of global (16, 8)
+# rank 0: uninterrupted step 2 loss 1.147397
+# rank 1: local weight shard (8, 8) of global (16, 8)
+# rank 0: restored step 1; step 2 loss 1.147397, equal True
+# rank 0: parameters after step 2 bitwise equal to the uninterrupted run: True
+# files in step1: ['.metadata', '__0_0.distcp', '__1_0.distcp']
+# ```
+#
+# Both ranks wrote their own file, `__0_0.distcp` and `__1_0.distcp`, and rank 0 (the
+# *coordinator*) wrote the one `.metadata` once every rank had reported what it wrote.
+# Each rank holds an (8, 8) half of the first layer's (16, 8) weight, and the fresh model,
+# built from other weights, took step 2 exactly as the run that never stopped: loss and all
+# four gathered parameters bitwise equal. (The checkpoint also holds the LR scheduler and
+# the step, the cursor of this worker's data: its batches are a function of the step.)
+#
+# **Predict.** The checkpoint was written by 2 ranks. Can one process without any process
+# group read it? What does the metadata say about the first layer's weight?
+
+# %%
+sharded = dcp.FileSystemReader(ck / "step1").read_metadata()
+for chunk in sharded.state_dict_metadata["model.0.weight"].chunks:
+    print(f"model.0.weight chunk at offset {list(chunk.offsets)} size {list(chunk.sizes)}")
+step_key = [i for i in sharded.storage_data if i.fqn == "step"][0]
+print(f"'step' (a plain int) is stored once, in {sharded.storage_data[step_key].relative_path}")
+
+# %% [markdown]
+# Output:
+# ```text
+# model.0.weight chunk at offset [0, 0] size [8, 8]
+# model.0.weight chunk at offset [8, 0] size [8, 8]
+# 'step' (a plain int) is stored once, in __1_0.distcp
+# ```
+#
+# The metadata records each tensor's *global* shape and, for a sharded one, where each
+# rank's chunk sits in it: rows 0-7 from rank 0, rows 8-15 from rank 1. That is what makes
+# resharding possible: a loader asks for the pieces *it* needs, in whatever layout it has,
+# and DCP reads the overlapping parts of the stored chunks. Values that are the same on
+# every rank (the `step` here, hyperparameters, the scheduler) are written by one rank
+# only, whichever the planner picks (rank 1 here): DCP assumes a non-tensor value, and a
+# plain tensor, is *replicated*. A per-rank value (each rank's RNG state, say) must
+# therefore be stored under a per-rank key, or all ranks but one lose theirs.
+#
+# So one process can load it. Below, a plain (unsharded) copy of the worker's model, with
+# other weights, loads the 2-rank checkpoint with `no_dist=True` and takes step 2 the way
+# the ranks did: each rank's half-batch loss gives a gradient, FSDP2's reduce-scatter
+# averages the two, `(g0 + g1) / 2`, then Adam steps.
+#
+# **Predict.** Is this single-process step 2 bitwise equal to the 2 ranks' step 2?
+
+
+# %%
+def mlp(seed):
+    """The worker's model and optimizer, unsharded (worker.build without fully_shard)."""
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    opt = torch.optim.Adam(net.parameters(), lr=0.05)
+    return net, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+
+
+def two_rank_step(net, opt, step, split=True):
+    """One step as 2 data-parallel ranks take it: the mean of the two half-batch gradients
+    (split=False: one backward over the whole batch of 8 instead)."""
+    gen = torch.Generator().manual_seed(1000 + step)  # the worker's batch(step)
+    x, y = torch.randn(8, 8, generator=gen), torch.randn(8, 4, generator=gen)  # (8, 8), (8, 4)
+    halves = (slice(0, 4), slice(4, 8)) if split else (slice(0, 8),)  # rank 0's rows, rank 1's
+    losses, grads = [], []
+    for rows in halves:
+        net.zero_grad()
+        loss = F.mse_loss(net(x[rows]), y[rows])
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in net.parameters()])
+    for p, *g in zip(net.parameters(), *grads):
+        p.grad = (g[0] + g[1]) / 2 if split else g[0]  # the reduce-scatter's average
+    opt.step()
+    return (sum(losses) / len(losses)).item()
+
+
+def load_one(seed):
+    """A plain model, Adam and StepLR with other weights, loaded from the 2-rank checkpoint."""
+    net, opt, sched = mlp(seed)
+    msd, osd = get_state_dict(net, opt)
+    sd = {"model": msd, "optim": osd, "sched": sched.state_dict(), "step": 0}
+    dcp.load(sd, checkpoint_id=ck / "step1", no_dist=True)  # 2 ranks' shards -> 1 process
+    set_state_dict(net, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    sched.load_state_dict(sd["sched"])
+    return net, opt, sd
+
+
+net, opt, sd = load_one(seed=7)
+before = {n: p.detach().clone() for n, p in net.named_parameters()}  # as loaded
+ref = torch.load(ck / "reference.pt")  # rank 0 saved the ranks' step-2 loss and full parameters
+one_loss = two_rank_step(net, opt, sd["step"] + 1)
+print(f"loaded step {sd['step']} into 1 process; weight {list(net[0].weight.shape)}, lr {opt.param_groups[0]['lr']}")
+print(f"step 2 loss {one_loss:.6f}, equal to the 2 ranks' {one_loss == ref['loss']}")
+print(f"parameters bitwise equal to the 2 ranks' step 2: {all(same(p, ref['params'][n]) for n, p in net.named_parameters())}")
+whole, whole_opt, _ = load_one(seed=8)
+two_rank_step(whole, whole_opt, 2, split=False)
+gap = max((p - ref["params"][n]).abs().max().item() for n, p in whole.named_parameters())
+print(f"one backward over all 8 rows instead: bitwise {gap == 0}, max |diff| {gap:.1e}")
+
+# %% [markdown]
+# Output:
+# ```text
+# loaded step 1 into 1 process; weight [16, 8], lr 0.05
+# step 2 loss 1.147397, equal to the 2 ranks' True
+# parameters bitwise equal to the 2 ranks' step 2: True
+# one backward over all 8 rows instead: bitwise False, max |diff| 3.0e-08
+# ```
+#
+# Resharding 2 → 1 is exact: DCP put the two (8, 8) chunks into the full (16, 8) weight,
+# and one process reproduced the ranks' step 2 bit for bit. Bitwise needs the *same
+# arithmetic*, not only the same data: two half-batch gradients averaged, as FSDP2's
+# reduce-scatter averages them. One backward over all 8 rows computes the same mathematical
+# gradient with its sums in another order, and the parameters after Adam differ in the last
+# bits (about 3e-8). The launch above already loaded the checkpoint back into 2 ranks: the
+# way back, 1 → 2, is the same code, since a loader always asks for the layout it has.
+#
+# A checkpoint folder is convenient for training and awkward for anything else. DCP's
+# format utilities convert it: `dcp_to_torch_save(folder, file)` gathers every tensor into
+# one `torch.save` file of full tensors (it must fit in one process's memory).
+#
+# **Predict.** What does the converted file hold, and is its first weight the one the
+# 1-process model just loaded (before step 2)?
+
+# %%
+dcp_to_torch_save(ck / "step1", ck / "step1.pt")
+flat = torch.load(ck / "step1.pt")
+print(f"keys {sorted(flat)}; model keys {sorted(flat['model'])}")
+print(f"model.0.weight {list(flat['model']['0.weight'].shape)}, equal to what 1 process loaded: {same(flat['model']['0.weight'], before['0.weight'])}")
+print(f"file size {(ck / 'step1.pt').stat().st_size} bytes")
+
+# %% [markdown]
+# Output:
+# ```text
+# keys ['model', 'optim', 'sched', 'step']; model keys ['0.bias', '0.weight', '2.bias', '2.weight']
+# model.0.weight [16, 8], equal to what 1 process loaded: True
+# file size 7815 bytes
+# ```
+#
+# The same nested dict as the one saved (model, optimizer, scheduler, step) with full
+# tensors; `torch_save_to_dcp` goes the other way. Use it to hand a model to someone who
+# does not run DCP, or to inspect a checkpoint in a notebook.
+
+# %% [markdown]
+# ## 4. Saving while the next step runs: `dcp.async_save`
+#
+# Writing a checkpoint stops training for as long as the write takes. `dcp.async_save`
+# first *stages* the state (copies it into CPU memory, so that the training step may change
+# the parameters at once), returns a future, and writes from a background thread. Two
+# rules: wait on the future (`future.result()`) before the next save, and give it its own
+# process group. The writing thread runs collectives (gathering the write results to the
+# coordinator) while the training step runs its own; on one shared gloo group the two
+# interleave and break the collective-order contract of lesson 09 (measured on this
+# machine: deadlock or abort in 3 of 3 runs). The worker makes one with
+# `dist.new_group(backend="gloo")`, which also serves a job whose training group is NCCL.
+#
+# **Predict.** Does `async_save` return before the write is finished? The state is saved
+# after step 2 and step 3 runs while it is written: which parameters end up in the
+# checkpoint?
+
+# %%
+show(run, "async")
+net2, opt2, _ = mlp(seed=7)
+msd2, osd2 = get_state_dict(net2, opt2)
+dcp.load({"model": msd2}, checkpoint_id=ck / "step2", no_dist=True)
+print(f"step2 checkpoint holds the step-2 parameters: {all(same(msd2[n], ref['params'][n]) for n in msd2)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: async_save returned after «time» ms; step 3 ran meanwhile (loss 0.998303)
+# rank 0: future.result() waited; checkpoint complete after «time» ms
+# rank 0: step2 has .metadata: True
+# step2 checkpoint holds the step-2 parameters: True
+# ```
+#
+# `async_save` returned after staging, in tens of milliseconds; step 3 then ran while the
+# background thread wrote, and `future.result()` waited for the rest (how much of the write
+# overlapped step 3 depends on the machine's load: the milliseconds are this shared 2-core
+# machine's and vary from run to run). The checkpoint holds the parameters *after step 2*,
+# bitwise, although step 3 changed the live parameters during the write: staging copied
+# them first. On a GPU the staging copy is device-to-host, and the overlap is what hides a
+# checkpoint's cost on big models.
+
+# %% [markdown]
+# ## 5. The restart drill: kill a rank, let torchrun restart the job
+#
+# A real failure. `worker.py drill` trains 12 steps on 2 ranks and saves a checkpoint after
+# every 3rd step into `step_3`, `step_6`, ... On the first attempt, rank 1 kills itself
+# with SIGKILL *in the middle of checkpoint 9*: its storage writer (a `FileSystemWriter`
+# subclass) writes rank 1's shard file, then the process dies before reporting to the
+# coordinator. A marker file in the checkpoint folder makes this happen only once.
+#
+# torchrun runs with `--max-restarts=1`: when a rank fails, it stops the others and starts
+# all ranks again (a new attempt, `TORCHELASTIC_RESTART_COUNT=1`, new processes, logs under
+# `attempt_1/`). On start, every attempt looks for the latest *complete* checkpoint.
+#
+# Which checkpoint is complete? DCP's own completion metadata answers it: the coordinator
+# writes `.metadata` last, only after every rank's write succeeded, and writes it to
+# `.metadata.tmp` first, then renames it (a rename is atomic on one file system): a folder
+# with `.metadata` is whole, a folder without it is not. The lesson relies on that instead
+# of its own temporary-name-then-rename scheme.
+#
+# `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` is in the launcher's environment for this: without
+# it, the restarted ranks' gloo rendezvous read the first attempt's stale addresses and
+# failed ("Connection refused") or hung in 7 of 8 runs on this machine (PyTorch issue
+# #135712); with it, 13 of 13 passed.
+#
+# **Predict.** Which checkpoint does the second attempt load? Which steps are computed
+# twice (the *replay window*)? Are the final parameters bitwise equal to those of a run
+# that was never killed?
+
+# %%
+drill_dir = TMP / "drill"
+drill_dir.mkdir()
+drill = launch(["drill", str(drill_dir)], restarts=1)
+attempts = sorted({a for a, _ in drill.out})
+print(f"torchrun exit code {drill.code} after {drill.seconds:.1f} s; attempts {attempts}")
+show(drill, "attempt", 0)
+show(drill, "train", 0)
+
+# %% [markdown]
+# Output:
+# ```text
+# torchrun exit code 0 after «time» s; attempts [0, 1]
+# rank 0: TORCHELASTIC_RESTART_COUNT=0 pid «pid»
+# rank 1: TORCHELASTIC_RESTART_COUNT=0 pid «pid»
+# rank 0: step 1 loss 1.188288 lr 0.0500
+# rank 0: step 2 loss 1.147397 lr 0.0500
+# rank 0: step 3 loss 0.998303 lr 0.0500
+# rank 0: saved step_3
+# rank 0: step 4 loss 1.233822 lr 0.0500
+# rank 0: step 5 loss 0.649781 lr 0.0250
+# rank 0: step 6 loss 1.276601 lr 0.0250
+# rank 0: saved step_6
+# rank 0: step 7 loss 1.404792 lr 0.0250
+# rank 0: step 8 loss 0.836917 lr 0.0250
+# rank 0: step 9 loss 1.563985 lr 0.0125
+# rank 1: killing myself (SIGKILL) after writing my shard of checkpoint 9
+# ```
+#
+# Attempt 0 (`TORCHELASTIC_RESTART_COUNT=0`) trained steps 1-9 and saved `step_3` and
+# `step_6`; in checkpoint 9 rank 1 wrote its shard and died by SIGKILL (the pids are the
+# processes', different on every run). Rank 0 was then waiting for rank 1 inside `dcp.save`;
+# it either raised "Connection closed by peer" or was stopped by torchrun first, whichever
+# came first (its stderr holds the traceback when it raised). torchrun saw a failed rank,
+# stopped the group and, with one restart allowed, started a new one.
+#
+# **Predict.** What does attempt 1 find on disk, and where does it start?
+
+# %%
+show(drill, "attempt", 1)
+show(drill, "train", 1)
+show(drill, "reference", 1)
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: TORCHELASTIC_RESTART_COUNT=1 pid «pid»
+# rank 0: found step_3: rank 1's shard True, .metadata True -> complete
+# rank 0: found step_6: rank 1's shard True, .metadata True -> complete
+# rank 0: found step_9: rank 1's shard True, .metadata False -> INCOMPLETE, skipped
+# rank 0: resumed from step_6; the kill came after step 9: replay window steps 7-9
+# rank 1: TORCHELASTIC_RESTART_COUNT=1 pid «pid»
+# rank 0: step 7 loss 1.404792 lr 0.0250
+# rank 0: step 8 loss 0.836917 lr 0.0250
+# rank 0: step 9 loss 1.563985 lr 0.0125
+# rank 0: saved step_9
+# rank 0: step 10 loss 1.291672 lr 0.0125
+# rank 0: step 11 loss 0.908379 lr 0.0125
+# rank 0: step 12 loss 1.025423 lr 0.0125
+# rank 0: saved step_12
+# rank 0: uninterrupted losses: 1.188288 1.147397 0.998303 1.233822 0.649781 1.276601 1.404792 0.836917 1.563985 1.291672 0.908379 1.025423
+# rank 0: resumed losses equal the uninterrupted ones: True
+# rank 0: final parameters bitwise equal to the uninterrupted run: True
+# ```
+#
+# Attempt 1 runs in *new* processes (other pids, `TORCHELASTIC_RESTART_COUNT=1`). It found
+# `step_9` with rank 1's shard but without `.metadata`, skipped it, loaded `step_6` into
+# freshly built and sharded models, and replayed steps 7-9: the replay window, read from
+# the marker the dying rank left. Its losses for the replayed steps are those of attempt 0,
+# digit for digit, and so are the later ones: after step 12, every resumed loss equals the
+# uninterrupted run's, and the final parameters are bitwise equal. The uninterrupted run is
+# computed by the same ranks at the end of attempt 1, from a fresh model, with the same
+# code minus the checkpoints: a third 2-rank launch would cost about 10 s more for the same
+# numbers (rank 0 of attempt 0 printed the same losses for steps 1-9, above).
+#
+# Taking the newest folder, `step_9`, would have been wrong: it holds shard files but no
+# index of them, and rank 0's shard may be missing or cut short. The danger is greatest
+# with formats that have no completion marker, where a half-written file looks like a
+# whole one. The rule: only a checkpoint that is *known* complete exists. (The new
+# `step_9` written by attempt 1 overwrote the stale shard files before its own `.metadata`
+# appeared.)
+#
+# The figure below puts the two attempts' losses on the uninterrupted run's curve.
+
+# %%
+LOSS = re.compile(r"rank 0: step (\d+) loss (\S+) lr \S+")
+
+
+def losses(run, attempt):
+    """{step: loss} that rank 0 printed in one attempt's training section."""
+    found = {}
+    for line in section(run, "train", attempt).get(0, []):
+        if m := LOSS.fullmatch(line):
+            found[int(m[1])] = float(m[2])
+    return found
+
+
+def reference_losses(run):
+    (line,) = [x for x in section(run, "reference", 1)[0] if x.startswith("rank 0: uninterrupted losses: ")]
+    return {s + 1: float(v) for s, v in enumerate(line.rsplit(": ", 1)[1].split())}
+
+
+def plot_drill(ref, first, second, checkpoint, killed):
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.plot(list(ref), list(ref.values()), color="0.75", linewidth=6, label="uninterrupted")
+    ax.plot(list(first), list(first.values()), "o-", color="tab:blue", label="attempt 0 (killed)")
+    ax.plot(list(second), list(second.values()), "x--", color="tab:orange", markersize=9, label="attempt 1 (resumed)")
+    ax.axvline(checkpoint, color="tab:green", linestyle=":", label=f"checkpoint loaded (step {checkpoint})")
+    ax.axvline(killed, color="tab:red", linestyle="-.", label=f"kill (while saving step {killed})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (mean of 2 ranks)")
+    ax.set_title("Restart drill: the resumed run retraces the uninterrupted one")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+fig = plot_drill(reference_losses(drill), losses(drill, 0), losses(drill, 1), checkpoint=6, killed=9)
+fig.savefig(HERE / "restart_drill.png")
+
+# %% [markdown]
+# The grey band is the run that was never interrupted, the blue dots attempt 0 up to the
+# kill, the orange crosses attempt 1 from the checkpoint at step 6 on: steps 7-9 were
+# computed twice (the replay window) with the same losses, and the curves coincide to the
+# last bit. The replay window is the price of a checkpoint interval: saving every N steps
+# loses up to N steps of work per failure (here 3, plus the unfinished checkpoint).
+
+# %% [markdown]
+# ## 6. `torch.save` is a pickle
+#
+# `torch.save` writes a zip file whose `data.pkl` is a Python pickle, and a pickle can name
+# any importable function for the loader to *call*: an object's `__reduce__` returns
+# "call f(*args) to rebuild me". The class below rebuilds itself by calling
+# `pathlib.Path.touch(marker)`: harmless, but it could as well be `os.system`. Since
+# PyTorch 2.6, `torch.load` defaults to `weights_only=True`: an unpickler that allows only
+# tensors, plain containers and an allow-list of types.
+#
+# **Predict.** Which globals does the file ask for? Does `weights_only=True` run them?
+
+# %%
+marker = TMP / "pwned.txt"
+
+
+class Payload:
+    def __reduce__(self):
+        return (pathlib.Path.touch, (marker,))  # unpickling calls marker.touch()
+
+
+torch.save({"weight": torch.ones(2), "extra": Payload()}, TMP / "evil.pt")
+print(f"globals the file needs: {sorted(torch.serialization.get_unsafe_globals_in_checkpoint(TMP / 'evil.pt'))}")
+try:
+    torch.load(TMP / "evil.pt", weights_only=True)
+    refusal = None
+except Exception as err:  # noqa: BLE001 - we print which error it is
+    refusal = [line.strip() for line in str(err).splitlines() if "WeightsUnpickler" in line][0].split(" Please")[0]
+    print(f"weights_only=True: {type(err).__name__}")
+    print(refusal)
+created = {"weights_only=True": marker.exists()}
+print(f"marker created: {created['weights_only=True']}")
+torch.load(TMP / "evil.pt", weights_only=False)  # what an old default, or a careless flag, does
+created["weights_only=False"] = marker.exists()
+print(f"after weights_only=False, marker created: {created['weights_only=False']}")
+
+# %% [markdown]
+# Output:
+# ```text
+# globals the file needs: ['builtins.getattr', 'pathlib.Path', 'pathlib.PosixPath']
+# weights_only=True: UnpicklingError
+# WeightsUnpickler error: Unsupported global: GLOBAL getattr was not an allowed global by default.
+# marker created: False
+# after weights_only=False, marker created: True
+# ```
+#
+# To rebuild `Payload`, the file asks the unpickler for `getattr(pathlib.Path, "touch")`
+# and then to call it: `get_unsafe_globals_in_checkpoint` lists what a file needs beyond
+# the safe set, without loading it. `weights_only=True` refused the first global it did not
+# allow, before calling anything: the marker was not created. With `weights_only=False` the
+# same load ran the code and created the marker: any `torch.load(..., weights_only=False)`
+# of a file from a stranger runs the stranger's code. If you need your own class in a
+# checkpoint, allow exactly it (`torch.serialization.add_safe_globals([...])`), or better,
+# keep checkpoints to tensors and plain values. (DCP's `.metadata` and its non-tensor values
+# are pickles too: load only checkpoints you or your job wrote.)
+#
+# **Predict.** safetensors stores tensors with no pickle at all. What is in the file?
+
+# %%
+tensors = {"weight": torch.arange(6, dtype=torch.float32).reshape(2, 3), "bias": torch.tensor([0.5, -1.0])}
+save_file(tensors, TMP / "tiny.safetensors")
+raw = (TMP / "tiny.safetensors").read_bytes()
+(n,) = struct.unpack("<Q", raw[:8])  # the header's length: 8 bytes, little-endian
+header = json.loads(raw[8:8 + n])
+print(f"file {len(raw)} bytes = 8 + header {n} + data {len(raw) - 8 - n}")
+for name, info in header.items():
+    print(f"{name}: {info}")
+start, end = header["weight"]["data_offsets"]
+print(f"weight bytes {raw[8 + n + start:8 + n + end].hex(' ', 4)}")
+print(f"equal to the tensor's own bytes: {raw[8 + n + start:8 + n + end] == tensors['weight'].numpy().tobytes()}")
+print(f"load_file gives back the tensors: {all(same(v, tensors[k]) for k, v in load_file(TMP / 'tiny.safetensors').items())}")
+
+# %% [markdown]
+# Output:
+# ```text
+# file 160 bytes = 8 + header 120 + data 32
+# bias: {'dtype': 'F32', 'shape': [2], 'data_offsets': [0, 8]}
+# weight: {'dtype': 'F32', 'shape': [2, 3], 'data_offsets': [8, 32]}
+# weight bytes 00000000 0000803f 00000040 00004040 00008040 0000a040
+# equal to the tensor's own bytes: True
+# load_file gives back the tensors: True
+# ```
+#
+# A safetensors file is 8 bytes of header length (little-endian), a JSON header with each
+# tensor's dtype, shape and byte range, then the raw bytes: `weight` is the six float32
+# numbers 0 to 5, little-endian (`0000803f` is 1.0), exactly `tensor.numpy().tobytes()`.
+# Loading it parses JSON and copies bytes; no code from the file runs, and a loader can
+# memory-map it and read one tensor without the others. It holds tensors only: optimizer
+# hyperparameters, a scheduler or a cursor need another file (or the JSON `__metadata__`
+# field, strings only), which is why training checkpoints use DCP and releases of weights
+# use safetensors.
+
+# %% [markdown]
+# ## Summary
+#
+# - `get_state_dict(model, optim)` → `dcp.save(state, checkpoint_id=folder)`; restoring is
+#   build, `get_state_dict` as a template, `dcp.load` (in place), `set_state_dict`. A fresh
+#   model and Adam restored after update 1 took update 2 bitwise equal to the uninterrupted
+#   one: loss, parameters, `exp_avg`, `exp_avg_sq`, `step`. DCP wrote `__0_0.distcp` (data)
+#   and `.metadata` (keys, global shapes, chunks, byte offsets; non-tensors pickled).
+# - A checkpoint is the full training state: without the scheduler and the data cursor the
+#   resumed run used LR 0.05 where it should use 0.025 and re-trained step 1's batch; without
+#   the RNG state dropout diverged at once; with all of them (a Stateful object DCP calls)
+#   the resume was exact.
+# - DCP writes one file per rank and records each shard's offset in the global tensor: a
+#   2-rank FSDP2 checkpoint loaded into 1 process (`no_dist=True`) and into 2 new ranks,
+#   and both took the next step bitwise equal (given the same `(g0 + g1) / 2` average).
+#   `dcp_to_torch_save` turns it into one file of full tensors.
+# - `dcp.async_save` stages a copy and writes in the background while training goes on;
+#   give it its own gloo group and wait on its future before the next save.
+# - The restart drill: `torchrun --max-restarts=1` (with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`
+#   on this PyTorch) restarted the job after rank 1 died in checkpoint 9; attempt 1 skipped
+#   the folder without `.metadata`, loaded `step_6`, replayed steps 7-9 and ended bitwise
+#   equal to an uninterrupted run.
+# - `torch.save` files are pickles that can run code when loaded; `weights_only=True` (the
+#   default since 2.6) refuses them. safetensors stores a JSON header and raw bytes.
+#
+# ## Exercises
+#
+# Open `exercises.py` in this folder; `make exercises N=12` checks your answers
+# (`solutions.py` has one way).
+#
+# 1. `latest_complete(root)`: the step of the newest complete checkpoint folder `step_N`
+#    under `root` (one with `.metadata`), or None. Beware of sorting names as text.
+# 2. `replay_window(every, killed_after, saved_before_kill=True)`: the steps a restart
+#    computes twice when a job saving every `every` steps dies after step `killed_after`.
+#    When the kill came while the checkpoint of that very step was being written
+#    (`saved_before_kill=False`), that checkpoint does not count.
+# 3. `safetensors_header(path)`: read a safetensors file's header by hand (the layout of
+#    section 6) and return `{name: (dtype, shape, (start, end))}` for its tensors.
+#
+# These change the worker and run it with torchrun (the lesson's output is your reference):
+#
+# A. In the drill, let rank 1 die at step 8 instead (between checkpoints). Predict the
+#    replay window, then check it.
+# B. Remove the marker-file test, so that rank 1 dies on every attempt. What does torchrun
+#    do after `--max-restarts=1` is used up, and with what exit code?
+# C. Save the drill's checkpoints with `dcp.async_save` (its own gloo group, one future
+#    waited before the next save). Is the final result still bitwise equal? What must the
+#    restart logic check when a kill comes during a background write?
+# D. Save each rank's `torch.get_rng_state()` under one key `"rng"` in a 2-rank
+#    checkpoint where the two ranks' states differ, load it back, and compare: what did
+#    rank 1 get? Fix it with a per-rank key.
+
+# %%
+shutil.rmtree(TMP, ignore_errors=True)  # every checkpoint, log and file of the lesson

@@ -1,0 +1,281 @@
+"""The worker of lesson 12: FSDP2 checkpoints with torch.distributed.checkpoint (DCP) on 2 ranks.
+
+    torchrun --standalone --nproc-per-node=2 lessons/12_checkpoint_and_restart/worker.py reshard DIR
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 --max-restarts=1 \\
+        lessons/12_checkpoint_and_restart/worker.py drill DIR
+    ... add --backend nccl on a machine with 2 CUDA devices
+
+- `reshard`: one training step of a small FSDP2 model, saved with DCP into DIR/step1 (each
+  rank writes its own shards); the uninterrupted second step is recorded in DIR/reference.pt;
+  a fresh sharded model loads DIR/step1 back into 2 ranks and must take the same second step
+  bit for bit; then dcp.async_save writes the step-2 state into DIR/step2 while step 3 runs.
+- `drill`: 12 steps, a checkpoint after every 3rd. On the first attempt rank 1 kills itself
+  (SIGKILL) in the middle of writing checkpoint 9, once (DIR/killed marks that it happened).
+  torchrun (--max-restarts=1) starts both ranks again; they load the latest *complete*
+  checkpoint (one with DCP's .metadata file), replay steps 7-9, finish, and compare their final
+  parameters with an uninterrupted 12-step run computed at the end of the same attempt.
+
+Output: every line is one print() that starts with `rank N:`; facts shared by both ranks come
+from rank 0 only; `== name ==` lines start a section.
+
+Teardown (as lesson 09): dist.barrier() then dist.destroy_process_group() on every exit path,
+then flush and os._exit(code), the traceback printed first.
+"""
+
+import argparse
+import datetime
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+TIMEOUT = datetime.timedelta(seconds=45)  # gloo's default is 30 minutes; the machine is shared
+STEPS, EVERY, KILL_AT = 12, 3, 9  # the drill: 12 steps, save after 3, 6, 9; die while saving 9
+BATCH = 8  # global batch: each rank takes 4 rows
+
+
+def say(text):
+    """One line, one print, prefixed with this rank."""
+    print(f"rank {dist.get_rank()}: {text}", flush=True)
+
+
+def shared(text):
+    if dist.get_rank() == 0:
+        say(text)
+
+
+def section(name):
+    say(f"== {name} ==")
+
+
+def setup(backend):
+    """Join the group torchrun describes; return the device for tensors."""
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    torch.set_num_threads(1)
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=TIMEOUT, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=TIMEOUT)
+    return device
+
+
+def build(device, seed=0):
+    """The model, replicated on every rank from one seed; then sharded by FSDP2 (dim 0)."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = torch.optim.Adam(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.StepLR(optim, step_size=4, gamma=0.5)  # LR halves every 4 steps
+    return model, optim, sched
+
+
+def batch(step, device):
+    """The global batch of a step, from the step number alone (the data cursor is the step);
+    this rank's half of it."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    x, y = torch.randn(BATCH, 8, generator=gen), torch.randn(BATCH, 4, generator=gen)  # (8, 8), (8, 4)
+    rows = slice(dist.get_rank() * BATCH // 2, (dist.get_rank() + 1) * BATCH // 2)
+    return x[rows].to(device), y[rows].to(device)  # (4, 8), (4, 4)
+
+
+def train_step(model, optim, sched, step, device):
+    """One step on this rank's half batch; returns the global mean loss (a float)."""
+    x, y = batch(step, device)
+    optim.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()  # FSDP2 reduce-scatters the gradients: each rank gets the mean of its shard
+    optim.step()
+    sched.step()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return (total / dist.get_world_size()).item()
+
+
+def full_params(model):
+    """{name: full tensor} gathered from the shards (a collective: every rank calls it)."""
+    return {n: p.full_tensor().cpu() for n, p in model.named_parameters()}
+
+
+def state(model, optim, sched, step):
+    """What a checkpoint holds: model and optimizer (sharded DTensors), the scheduler and the
+    data cursor (plain values, the same on every rank)."""
+    msd, osd = get_state_dict(model, optim)
+    return {"model": msd, "optim": osd, "sched": sched.state_dict(), "step": step}
+
+
+def restore(model, optim, sched, path):
+    """Load a checkpoint into an already built (sharded) model, optimizer and scheduler."""
+    sd = state(model, optim, sched, 0)  # the layout to fill: DCP loads in place
+    dcp.load(sd, checkpoint_id=path)
+    set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    sched.load_state_dict(sd["sched"])
+    return sd["step"]
+
+
+def bitwise(a, b):
+    return all(torch.equal(a[n], b[n]) for n in a)
+
+
+# ---------------------------------------------------------------------------------------
+# reshard: save from 2 ranks, load back into 2 ranks, async save
+
+
+def save_and_reference(root, device):
+    section("save")
+    model, optim, sched = build(device)
+    loss1 = train_step(model, optim, sched, 1, device)
+    dcp.save(state(model, optim, sched, 1), checkpoint_id=root / "step1")
+    shared(f"step 1 loss {loss1:.6f}; saved {root.name}/step1")
+    say(f"local weight shard {tuple(model[0].weight.to_local().shape)} of global {tuple(model[0].weight.shape)}")
+    loss2 = train_step(model, optim, sched, 2, device)
+    params = full_params(model)
+    if dist.get_rank() == 0:  # for the narrative's 1-process check of step 2
+        torch.save({"loss": loss2, "params": params}, root / "reference.pt")
+    shared(f"uninterrupted step 2 loss {loss2:.6f}")
+    return loss2, params, (model, optim, sched)
+
+
+def reload_two_ranks(root, device, loss2, params):
+    section("reload")
+    model, optim, sched = build(device, seed=123)  # other weights: the load must overwrite them
+    step = restore(model, optim, sched, root / "step1")
+    loss = train_step(model, optim, sched, step + 1, device)
+    shared(f"restored step {step}; step 2 loss {loss:.6f}, equal {loss == loss2}")
+    shared(f"parameters after step 2 bitwise equal to the uninterrupted run: {bitwise(full_params(model), params)}")
+
+
+def async_checkpoint(root, device, trained):
+    section("async")
+    model, optim, sched = trained  # after step 2
+    # its own group: async_save's background collectives must not interleave with training's
+    group = dist.new_group(backend="gloo", timeout=TIMEOUT)
+    start = time.perf_counter()
+    future = dcp.async_save(state(model, optim, sched, 2), checkpoint_id=root / "step2", process_group=group)
+    returned = time.perf_counter() - start
+    loss3 = train_step(model, optim, sched, 3, device)  # runs while the background thread writes
+    future.result()  # wait before the next save (and before anyone reads step2)
+    waited = time.perf_counter() - start
+    shared(f"async_save returned after {returned * 1000:.1f} ms; step 3 ran meanwhile (loss {loss3:.6f})")
+    shared(f"future.result() waited; checkpoint complete after {waited * 1000:.1f} ms")
+    shared(f"step2 has .metadata: {(root / 'step2' / '.metadata').is_file()}")
+
+
+def reshard(root, device):
+    loss2, params, trained = save_and_reference(root, device)
+    reload_two_ranks(root, device, loss2, params)
+    async_checkpoint(root, device, trained)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# drill: die while saving, restart, resume from the latest complete checkpoint
+
+
+class DyingWriter(dcp.FileSystemWriter):
+    """A FileSystemWriter that, on rank 1, kills its process right after writing its shard
+    file: the coordinator (rank 0) never gets rank 1's write results, so no .metadata."""
+
+    def write_data(self, plan, planner):
+        future = super().write_data(plan, planner)
+        future.wait()  # this rank's __1_0.distcp is on disk now
+        say("killing myself (SIGKILL) after writing my shard of checkpoint 9")
+        os.kill(os.getpid(), signal.SIGKILL)
+        return future
+
+
+def complete(root):
+    """Checkpoint steps whose folder has DCP's .metadata (written last, via a rename)."""
+    steps = []
+    for d in sorted(root.glob("step_*"), key=lambda p: int(p.name[5:])):
+        ok = (d / ".metadata").is_file()
+        shard = (d / "__1_0.distcp").is_file()
+        shared(f"found {d.name}: rank 1's shard {shard}, .metadata {ok} -> {'complete' if ok else 'INCOMPLETE, skipped'}")
+        steps += [int(d.name[5:])] if ok else []
+    return steps
+
+
+def save(root, trained, step, dying):
+    path = root / f"step_{step}"
+    writer = DyingWriter(path) if dying else dcp.FileSystemWriter(path)
+    dcp.save(state(*trained, step), storage_writer=writer)
+    shared(f"saved step_{step}")
+
+
+def run_steps(root, device, trained, first, record):
+    for step in range(first, STEPS + 1):
+        lr = trained[1].param_groups[0]["lr"]  # the LR this step uses (the scheduler steps after)
+        loss = train_step(*trained, step, device)
+        record[step] = loss
+        shared(f"step {step} loss {loss:.6f} lr {lr:.4f}")
+        if step % EVERY == 0:
+            marker = root / "killed"
+            dying = step == KILL_AT and dist.get_rank() == 1 and not marker.exists()
+            if dying:
+                marker.write_text(f"{step}\n")  # before the kill: it happens once
+            save(root, trained, step, dying)
+
+
+def drill(root, device):
+    section("attempt")
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    say(f"TORCHELASTIC_RESTART_COUNT={attempt} pid {os.getpid()}")
+    trained = build(device)
+    found = complete(root)
+    start = 0
+    if found:
+        start = restore(*trained, root / f"step_{found[-1]}")
+        killed = int((root / "killed").read_text())  # the step the marker recorded
+        shared(f"resumed from step_{start}; the kill came after step {killed}: replay window steps {start + 1}-{killed}")
+    section("train")
+    record = {}
+    run_steps(root, device, trained, start + 1, record)
+    section("reference")
+    final = full_params(trained[0])
+    ref = build(device)
+    ref_losses = {s: train_step(*ref, s, device) for s in range(1, STEPS + 1)}  # never interrupted
+    shared(f"uninterrupted losses: {' '.join(f'{ref_losses[s]:.6f}' for s in range(1, STEPS + 1))}")
+    shared(f"resumed losses equal the uninterrupted ones: {all(record[s] == ref_losses[s] for s in record)}")
+    shared(f"final parameters bitwise equal to the uninterrupted run: {bitwise(final, full_params(ref[0]))}")
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=["reshard", "drill"])
+    parser.add_argument("root", type=Path, help="the folder for checkpoints (created by the caller)")
+    parser.add_argument("--backend", choices=["gloo", "nccl", "auto"], default="gloo")
+    args = parser.parse_args()
+    device = setup(args.backend)
+    code = 1
+    try:
+        code = {"reshard": reshard, "drill": drill}[args.part](args.root, device)
+    except Exception:
+        traceback.print_exc()  # os._exit below would otherwise swallow the error
+    finally:
+        try:
+            dist.barrier()  # no rank tears down while the other still talks to it
+        finally:
+            dist.destroy_process_group()  # stop gloo's threads before Python's exit
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)  # skip interpreter finalization (lesson 09: rare abort at exit)
+
+
+if __name__ == "__main__":
+    main()
