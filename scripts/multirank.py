@@ -169,3 +169,12 @@ def session_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def running(path: Path) -> list[str]:
+    """`pid args` of every live process whose command line names `path` (e.g. a worker script).
+
+    The lessons' own launchers do not mark their processes; after a lesson has run, its tests
+    use this to prove that none of its ranks is left."""
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
+    return [line.strip() for line in ps.stdout.splitlines() if str(path) in line and "ps -ww" not in line]

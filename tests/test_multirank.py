@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from scripts.multirank import launch, marked_processes, session_alive
+from scripts.multirank import launch, marked_processes, running, session_alive
 
 WORKERS = Path(__file__).parent / "workers"
 pytestmark = pytest.mark.multirank
-
-
-def processes_running(path: Path) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
-    return [line for line in ps.stdout.splitlines() if str(path) in line and "ps -eo" not in line]
 
 
 def test_all_reduce_on_two_ranks():
@@ -36,7 +32,7 @@ def test_a_hung_worker_is_stopped_and_leaves_nothing():
     assert all("initialised, now hanging" in r.stdout for r in result.ranks.values()), result.describe()
     assert not session_alive(result.pgid)
     assert marked_processes(result.mark) == []
-    assert processes_running(worker) == []  # checked independently of the mark, by command line
+    assert running(worker) == []  # checked independently of the mark, by command line
 
 
 def test_a_failing_rank_is_reported_with_its_exit_code():
@@ -46,3 +42,16 @@ def test_a_failing_rank_is_reported_with_its_exit_code():
     assert result.ranks[0].exit_code == -15, result.describe()  # stopped by torchrun's SIGTERM
     assert "rank 1: exiting with 3" in result.ranks[1].stdout
     assert result.seconds < 30, "torchrun stopped rank 0 instead of waiting for it"
+
+
+def test_running_finds_a_process_by_its_command_line(tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, str(script)])
+    try:
+        found = running(script)
+        assert len(found) == 1 and found[0].split()[0] == str(proc.pid), found
+    finally:
+        proc.kill()
+        proc.wait()
+    assert running(script) == []

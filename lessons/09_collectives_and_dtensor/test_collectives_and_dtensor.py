@@ -3,12 +3,13 @@ launches, the placements figure, the exercises, and the worker on NCCL with 2 GP
 
 Every test here launches ranks or reads the narrative's launches: all are `multirank`."""
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from torch.distributed.tensor import Shard
+
+from scripts.multirank import running
 
 pytestmark = pytest.mark.multirank
 WORKER = Path(__file__).parent / "worker.py"
@@ -110,9 +111,7 @@ def test_figure_draws_the_local_pieces(lesson):
 
 def test_launcher_leaves_no_rank_behind(lesson):
     """The narrative's two launches are over: no worker process of theirs may still run."""
-    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
-    left = [line for line in ps.stdout.splitlines() if str(WORKER) in line]
-    assert left == []
+    assert running(WORKER) == []
 
 
 @pytest.mark.multigpu

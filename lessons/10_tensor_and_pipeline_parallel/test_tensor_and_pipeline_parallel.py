@@ -5,11 +5,12 @@ schedule simulator and its figure, the exercises, and the worker on NCCL with 2 
 Every test here launches ranks or reads the narrative's launch: all are `multirank`."""
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+
+from scripts.multirank import running
 
 pytestmark = pytest.mark.multirank
 WORKER = Path(__file__).parent / "worker.py"
@@ -164,8 +165,7 @@ def test_figure_plots_the_simulated_schedules(lesson):
 
 def test_launcher_leaves_no_rank_behind(lesson):
     """The narrative's launch is over: no worker process of it may still run."""
-    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
-    assert [line for line in ps.stdout.splitlines() if str(WORKER) in line] == []
+    assert running(WORKER) == []
 
 
 @pytest.mark.multigpu

@@ -4,12 +4,13 @@ the figure, a launch that fails cleanly, the exercises, and the worker on NCCL w
 Every test here launches ranks or reads the narrative's launch: all are `multirank`."""
 
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from scripts.multirank import running
 
 pytestmark = pytest.mark.multirank
 HERE = Path(__file__).parent
@@ -170,8 +171,7 @@ def test_failing_launch_ends_cleanly():
 
 
 def test_launcher_leaves_no_rank_behind(lesson):
-    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
-    assert [line for line in ps.stdout.splitlines() if str(WORKER) in line] == []
+    assert running(WORKER) == []
 
 
 @pytest.mark.multigpu

@@ -6,13 +6,14 @@ on NCCL with 2 GPUs; the drill repeated 10 times (slow).
 The narrative launches ranks (2 launches per run): all tests here are `multirank`."""
 
 import re
-import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
+
+from scripts.multirank import running
 
 pytestmark = pytest.mark.multirank
 HERE = Path(__file__).parent
@@ -173,8 +174,7 @@ def test_temporary_files_removed(lesson):
 
 def test_launcher_leaves_no_rank_behind(lesson):
     """The narrative's launches (the drill's killed attempt too) left no worker process."""
-    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
-    assert [line for line in ps.stdout.splitlines() if str(WORKER) in line] == []
+    assert running(WORKER) == []
 
 
 @pytest.mark.slow
