@@ -482,7 +482,7 @@ def plot_residency(ax, events):
     ax.imshow(grid.numpy(), cmap="Greens", vmin=-0.3, vmax=1.2, aspect="auto")
     ax.set_yticks(range(len(MODULES)), MODULES)
     ax.set_xticks(range(len(events)), [label for label, _, _ in events], rotation=60, ha="right")
-    ax.set_title("Gathered (dark) or sharded, one step, reshard_after_forward=None")
+    ax.set_title("Parameters over one step, reshard_after_forward=None\n(dark: gathered, light: sharded)")
 
 
 def plot_step(rows, events):
