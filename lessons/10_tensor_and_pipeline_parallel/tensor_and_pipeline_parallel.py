@@ -169,9 +169,9 @@ show(run, "tp shapes")
 # dimension, so each rank holds the columns that read its own hidden units. `down.bias` is
 # replicated: it must be added once to the *sum* of the partials, not once per rank, and
 # DTensor's rules for the sharded `linear` see to it (the outputs below match). The
-# parameters are DTensors: the global shape is the layer's, the local
-# one is half of it (the whole run took a few seconds, mostly starting two processes; the
-# time varies with the machine's load).
+# parameters are DTensors: the global shape is the layer's, the local one is half of it for
+# the sharded ones and all of it for the replicated bias (the whole run took a few seconds,
+# mostly starting two processes; the time varies with the machine's load).
 #
 # **Predict.** Same input on both ranks, same weights. Is the TP output *bitwise* equal to
 # the unsharded MLP's? The gradients? And after one AdamW step on each?

@@ -58,9 +58,10 @@ def test_tp_shards_dim0_then_dim1(lesson):
 def test_tp_equals_the_unsharded_mlp(lesson):
     got = lines(lesson, "tp equal")
     assert got[0] == "rank 0: output: a DTensor? False, shape [5, 6]"
-    names = ["output", "x", "up.weight", "up.bias", "down.weight", "down.bias", "parameter"]
-    for name in names:
-        assert any(name in line and "gap" in line for line in got), name
+    labels = ["output max gap", "grad x ", "grad up.weight ", "grad up.bias ", "grad down.weight ",
+              "grad down.bias ", "max parameter gap"]
+    for label in labels:
+        assert sum(label in line for line in got) == 1, label
     found = gaps(got)  # output, loss, x, 4 parameters' grads, parameters after AdamW
     assert len(found) == 8 and all(g < EPS64 for g in found), found  # rounding, not bitwise 0
     assert max(found) > 0  # and not bitwise: the sums run in another order
@@ -124,7 +125,8 @@ def test_unequal_micro_batches_fail_cleanly(lesson):
     assert r1[1] == "rank 1:   The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 0"
     waited = float(r0[1].split("after ")[1].split(" s")[0])
     assert 2.5 <= waited < 10, waited  # the stages' group timeout, 3 s: no 30 s or 30 min wait
-    assert float(r1[0].split("after ")[1].split(" s")[0]) < 1.0  # the last stage: at once
+    raised = float(r1[0].split("after ")[1].split(" s")[0])
+    assert raised < min(2.0, waited / 2), (raised, waited)  # the last stage: at once, not at a timeout
     assert run.code == 0  # both ranks caught it and tore down normally
 
 

@@ -165,7 +165,7 @@ def show_tp(mesh, device):
 
 
 def pp_model(device):
-    """4 layers, float64, same weights on every rank; layers 0-1 are stage 0, 2-3 stage 1."""
+    """4 linear layers in float64, same weights on every rank: stage 0 = modules 0-3, stage 1 = 4-6."""
     torch.manual_seed(1)
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(),
                          nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)).double().to(device)
