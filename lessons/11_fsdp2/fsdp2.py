@@ -165,9 +165,10 @@ show(run, "ddp")
 # ranks' means): accumulation and the all-reduce commute. The cost is in the first line:
 # every rank holds all 29,632 parameters, their gradients and AdamW's two moments for each.
 # The launch time is mostly starting two Python processes and importing torch; it varies
-# with the load on the machine. (Debugging DDP: with `TORCH_DISTRIBUTED_DEBUG=DETAIL`, the
-# collective checker of lesson 09, this same DDP step killed both ranks with SIGSEGV on this
-# machine, in every try: keep that switch for code without DDP.)
+# with the load on the machine. (Debugging DDP: `TORCH_DISTRIBUTED_DEBUG=DETAIL`, the
+# collective checker of lesson 09, crashed DDP with SIGSEGV on this machine, 2.13.0 CPU
+# build, in every try we made (this step: 2 of 2; the course's notes: 3 of 3). Measured here,
+# not a documented limit; we keep that switch for code without DDP.)
 
 # %% [markdown]
 # ## 2. `fully_shard`: parameters become DTensor shards
@@ -241,10 +242,13 @@ show(run, "step")
 # %% [markdown]
 # ## 4. The hooks live on `__call__`
 #
-# FSDP2 does its work in module hooks: a forward *pre*-hook all-gathers the unit and swaps
-# the gathered plain tensors in as the module's parameters; a forward post-hook reshards
-# (frees the gathered copy, swaps the DTensor shards back) and registers the backward hooks
-# that gather again and reduce-scatter the gradients. `nn.Module.__call__` runs hooks;
+# FSDP2 does its work in module hooks. A forward *pre*-hook all-gathers the unit, swaps the
+# gathered plain tensors in as the module's parameters, and wraps the module's inputs in an
+# autograd function whose backward is the unit's *post-backward* hook: once backward has
+# passed through the unit, it reduce-scatters the gradients and swaps the shards back. A
+# forward *post*-hook reshards (frees the gathered copy, swaps the DTensor shards back, as
+# `reshard_after_forward` says) and registers on the outputs the *pre-backward* hook that
+# gathers the unit again before its backward. `nn.Module.__call__` runs hooks;
 # `module.forward` is just the method.
 #
 # **Predict.** On a freshly sharded model, what does `model.forward(x)` do? And if we first
@@ -293,10 +297,13 @@ show(run, "hooks")
 # all-gather, but every unit stays full from its forward until its backward, which for the
 # first block is the whole step). `None`, the default, is True for every unit but the root,
 # which backward needs first anyway. The worker watches each module's parameter type in hooks
-# (a DTensor: sharded; a plain tensor: gathered) after the forward, before `backward()`.
+# (a DTensor: sharded; a plain tensor: gathered) at each module's forward and backward and
+# after the forward, before `backward()`, and adds up this rank's parameter bytes at each of
+# those moments: the shards, plus every gathered copy.
 #
 # **Predict.** For each setting, which of embed, blocks.0, blocks.1 and head are full
-# between forward and backward?
+# between forward and backward? Which setting has the highest peak, and do `True` and
+# `None` differ there?
 
 # %%
 show(run, "reshard")
@@ -305,8 +312,11 @@ show(run, "reshard")
 # Output:
 # ```text
 # rank 0: reshard_after_forward=True: between forward and backward {'embed': 'shard', 'blocks.0': 'shard', 'blocks.1': 'shard', 'head': 'shard'}
+# rank 0: reshard_after_forward=True: parameter bytes between forward and backward 59264, peak 126976
 # rank 0: reshard_after_forward=False: between forward and backward {'embed': 'full', 'blocks.0': 'full', 'blocks.1': 'full', 'head': 'full'}
+# rank 0: reshard_after_forward=False: parameter bytes between forward and backward 177792, peak 177792
 # rank 0: reshard_after_forward=None: between forward and backward {'embed': 'full', 'blocks.0': 'shard', 'blocks.1': 'shard', 'head': 'full'}
+# rank 0: reshard_after_forward=None: parameter bytes between forward and backward 76160, peak 126976
 # rank 0: trace fwd embed    | f s s f |  76160 bytes
 # rank 0: trace fwd blocks.0 | f f s f | 126976 bytes
 # rank 0: trace fwd blocks.1 | f s f f | 126976 bytes
@@ -326,11 +336,20 @@ show(run, "reshard")
 # blocks.1 and head (f = full, s = shard), then this rank's parameter bytes: during the
 # forward of block 0 the root and block 0 are full; block 0 is resharded before block 1 is
 # gathered; in backward the blocks are gathered again in reverse order; after backward
-# everything is sharded (59,264 bytes: half of the 29,632 fp32 parameters). The peak, 126,976
-# bytes, is the shards plus the root unit plus one block. With `False`, the peak would be
-# the shards plus every unit. On a real model with dozens of blocks that is the difference
-# between "one block's parameters" and "all of them"; on a GPU the price of `True` is one
-# extra all-gather per block in backward, which FSDP2 overlaps with compute by prefetching.
+# everything is sharded (59,264 bytes: half of the 29,632 fp32 parameters).
+#
+# The bytes lines (the largest value over the same traced moments, for each setting) give
+# the trade in numbers. `True` and `None` both peak at 126,976 bytes: the shards (59,264)
+# plus the root unit (4,224 elements, 16,896 bytes) plus one block (12,704 elements, 50,816
+# bytes); the root wraps the whole forward, so it is gathered while each block runs either
+# way. `False` peaks at 177,792: the shards plus every unit, 118,528 bytes gathered, the
+# whole fp32 model on top of its shards, from the forward of block 1 to its backward.
+# Between forward and backward `True` holds only the shards (59,264), `None` adds the root
+# (76,160), `False` everything (177,792). What the extra memory buys is fewer all-gathers:
+# every unit resharded after its forward is gathered a second time in backward, three units
+# with `True`, the two blocks with `None`, none with `False`. With dozens of blocks, `False`
+# holds all of them at once while `None` holds one; on a GPU the price of `True`/`None` is
+# the backward all-gathers, which FSDP2 overlaps with compute by prefetching.
 
 # %% [markdown]
 # ## 6. Mixed precision: bf16 compute, fp32 master weights
@@ -368,10 +387,12 @@ show(run, "mixed")
 # The worker adds up, on each rank, the bytes of the tensors it actually holds after one
 # AdamW step (fp32): parameters, gradients, and AdamW's `exp_avg` and `exp_avg_sq` (the
 # step counters are left out: one scalar each). *Steady* is their sum, what stays between
-# steps. *Peak* adds the parameters gathered at the worst moment of the step (from the trace
-# of section 5); activations and temporary buffers are not counted. DDP's gradient buckets,
-# another copy of the gradients unless `gradient_as_bucket_view=True`, are not counted
-# either.
+# steps. *Peak* is a simple model, not the memory at one moment: the parameter bytes at the
+# traced forward peak (section 5: shards plus the gathered root and one block) plus the
+# sharded gradients and AdamW state. It leaves out the unsharded gradients a unit holds
+# during its backward before the reduce-scatter, activations and temporary buffers. DDP's
+# gradient buckets, another copy of the gradients unless `gradient_as_bucket_view=True`, are
+# not counted either.
 #
 # **Predict.** FSDP2 halves which columns on 2 ranks? Is its peak closer to its steady
 # state or to DDP's?
@@ -558,9 +579,11 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 # device when none is available": page-locked memory is allocated through an accelerator's
 # runtime. On a CPU-only
 # machine, pass `pin_memory=False` (or no offload policy: there is nowhere to offload to).
-# The worker's `pinned` part lets this error escape: the launch then fails cleanly, both
-# ranks exiting with code 1 after the barrier and `destroy_process_group()` (the tests run
-# it).
+# The worker's `pinned` part lets this error escape: the launch then fails cleanly. Each
+# rank prints its traceback before the barrier, so both tracebacks are written before either
+# rank can exit; then the first rank to exit does so with code 1, and torchrun, seeing a
+# failure, stops the other with SIGTERM (exit -15) unless it has already exited with 1 too
+# (the tests run it).
 
 # %% [markdown]
 # ## Summary
@@ -576,8 +599,9 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 #   loses the root's gradients. Call `model(x)`; use `register_fsdp_forward_method` for other
 #   entry points.
 # - `reshard_after_forward`: True frees every unit after its forward (one more all-gather in
-#   backward), False keeps all units full until backward (DDP-like parameter memory), None
-#   (default) frees all but the root.
+#   backward), False keeps all units full until backward (no second all-gather; here a peak
+#   of 177,792 parameter bytes per rank, against 126,976 for True and None), None (default)
+#   frees all but the root.
 # - `MixedPrecisionPolicy(bf16, fp32)`: bf16 weights, activations and gathers; fp32 sharded
 #   master parameters and gradients.
 # - Per rank, FSDP2 halves parameters, gradients and AdamW state on 2 ranks; its peak adds
@@ -596,7 +620,7 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 #    counts and with odd first dimensions.
 # 2. `peak_param_bytes(root, blocks, world, elem, reshard)`: a rank's parameter bytes at the
 #    peak of one step, for `reshard_after_forward` None and False. The tests compare it with
-#    the trace of section 5.
+#    the peaks the ranks printed in section 5.
 # 3. `max_params(gpu_bytes, world, bytes_per_param)`: the largest model whose sharded
 #    training state fits on each GPU.
 #
@@ -604,6 +628,6 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 #
 # A. Apply `fully_shard` to the root only (no blocks). How many units, and what does the
 #    trace show? What happens to the peak?
-# B. Run the `main` part with `--nproc-per-node=3`. Which lines change? (`batch` assumes a
-#    batch that splits evenly.)
+# B. Run the `main` part with `--nproc-per-node=3`. Which lines change? (The 8 sequences do
+#    not split evenly over 3 ranks: what does that do to the "vs one process" gaps?)
 # C. Give `MixedPrecisionPolicy` `output_dtype=torch.float32` and check the logits' dtype.

@@ -179,7 +179,7 @@ def show_placements(mesh, device):
     say(f"head.weight global {list(w.shape)}, local {list(w.to_local().shape)}")
     total = sum(p.numel() for p in model.parameters())
     mine = local_numel(model)
-    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(2)]
+    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(dist.get_world_size())]
     dist.all_gather(counts, torch.tensor([mine], device=device))
     say(f"holds {mine} of {total} parameter elements ({mine / total:.3f})")
     shared(f"sum over ranks {sum(int(c) for c in counts)} = total {total}")
@@ -304,8 +304,11 @@ def show_reshard(mesh, device):
     for mode in (True, False, None):
         model = shard(make_model(torch.float32, device), mesh=mesh, reshard_after_forward=mode)
         events = trace_step(model, mine)
-        between = dict(zip(NAMES, events[NAMES.index("head") + 1][1]))
-        shared(f"reshard_after_forward={mode}: between forward and backward {between}")
+        _, state, held = events[NAMES.index("head") + 1]  # "after fwd": before backward()
+        shared(f"reshard_after_forward={mode}: between forward and backward {dict(zip(NAMES, state))}")
+        peak = max(b for _, _, b in events)  # parameter bytes: shards plus gathered units
+        shared(f"reshard_after_forward={mode}: parameter bytes between forward and backward "
+               f"{held}, peak {peak}")
         if mode is None:  # one line per moment: embed, blocks.0, blocks.1, head; param bytes
             for label, state, nbytes in events:
                 shared(f"trace {label:<12} | {' '.join(s[0] for s in state)} | {nbytes:>6} bytes")
