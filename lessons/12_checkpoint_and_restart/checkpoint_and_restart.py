@@ -29,8 +29,9 @@
 # **How to run:** `python lessons/12_checkpoint_and_restart/checkpoint_and_restart.py` or
 # `make lesson N=12` from the repository root, or open `checkpoint_and_restart.ipynb`. It
 # writes checkpoints into a temporary folder (removed at the end), launches two 2-rank
-# runs of `worker.py` on the CPU with gloo (20 to 35 s in all on this shared 2-core
-# machine), and saves its figure next to the lesson. You can run the worker yourself:
+# runs of `worker.py` on the CPU with gloo (the whole script: about 22 s on this 2-core
+# machine alone, 25 to 47 s measured while other jobs used its cores), and saves its
+# figure next to the lesson. You can run the worker yourself:
 # `torchrun --standalone --nproc-per-node=2 lessons/12_checkpoint_and_restart/worker.py reshard /tmp/ck`
 # or, for the drill (an empty folder each time),
 # `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 --max-restarts=1 lessons/12_checkpoint_and_restart/worker.py drill /tmp/drill`
@@ -38,6 +39,7 @@
 # *Output* block: what it printed with the pinned PyTorch (2.13.0), checked by `make test`.
 
 # %%
+import atexit
 import json
 import os
 import pathlib
@@ -64,6 +66,7 @@ torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 WORKER = HERE / "worker.py"
 TMP = Path(tempfile.mkdtemp(prefix="lesson12-"))  # every checkpoint of the lesson; removed at the end
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # ... and at exit, should a cell fail first
 F = torch.nn.functional
 
 
@@ -314,8 +317,9 @@ for name, (t, steps) in runs.items():
 # shuffled order) at LR 0.05. Each partial resume goes wrong in its own way:
 #
 # - **weights only** restored the model, Adam's moments and even the *current* LR (it is a
-#   hyperparameter in the optimizer's state dict), but not the scheduler or the cursor. Its
-#   new data loader started the epoch over: step 7 trained on step 1's batch
+#   hyperparameter in the optimizer's state dict), but not the scheduler, the cursor or
+#   the RNG state (its dropout masks came from the new process's generator, like the next
+#   run's). Its new data loader started the epoch over: step 7 trained on step 1's batch
 #   [25, 6, 15, 30] again, and its fresh `StepLR` counted from 0, so it halved the LR two
 #   steps late (0.05 at steps 9-10 instead of 0.025). Nothing crashes; the run silently
 #   trains on a different schedule and data order.
@@ -340,7 +344,9 @@ for name, (t, steps) in runs.items():
 # rows), takes one step on a global batch of 8 (4 rows per rank) and saves with `dcp.save`:
 # *each rank writes its own shards*, nothing is gathered. Then it takes step 2 (the
 # uninterrupted reference) and builds a fresh sharded model with other weights, loads the
-# checkpoint into it, and takes step 2 again.
+# checkpoint into it, and takes step 2 again. In the same launch, rank 0 alone turns the
+# 2-rank checkpoint into one written by a single process, and both ranks load that one
+# (1 → 2): the cells after the 1-process part below show it.
 #
 # The launcher below runs `worker.py` under torchrun with the precautions of lesson 09: a
 # hard timeout that kills torchrun's session and every rank's, one log file per rank
@@ -363,15 +369,19 @@ class Run(NamedTuple):
     agent: str  # torchrun's own log
 
 
+def children(pid):
+    return [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+
+
 def stop(proc):
     """On timeout: SIGTERM torchrun (it forwards it), then SIGKILL its session and each rank's."""
-    ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    ranks = children(proc.pid)  # before SIGTERM: ranks whose torchrun died are no longer its children
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(GRACE_S)
     except subprocess.TimeoutExpired:
-        pass
-    for pid in [proc.pid, *map(int, ranks)]:  # torchrun starts each rank in a session of its own
+        ranks += children(proc.pid)  # a restart may have started new ranks meanwhile
+    for pid in {proc.pid, *ranks}:  # torchrun starts each rank in a session of its own
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -551,8 +561,7 @@ print(f"one backward over all 8 rows instead: bitwise {gap == 0}, max |diff| {ga
 # arithmetic*, not only the same data: two half-batch gradients averaged, as FSDP2's
 # reduce-scatter averages them. One backward over all 8 rows computes the same mathematical
 # gradient with its sums in another order, and the parameters after Adam differ in the last
-# bits (about 3e-8). The launch above already loaded the checkpoint back into 2 ranks: the
-# way back, 1 → 2, is the same code, since a loader always asks for the layout it has.
+# bits (about 3e-8).
 #
 # A checkpoint folder is convenient for training and awkward for anything else. DCP's
 # format utilities convert it: `dcp_to_torch_save(folder, file)` gathers every tensor into
@@ -579,6 +588,40 @@ print(f"file size {(ck / 'step1.pt').stat().st_size} bytes")
 # The same nested dict as the one saved (model, optimizer, scheduler, step) with full
 # tensors; `torch_save_to_dcp` goes the other way. Use it to hand a model to someone who
 # does not run DCP, or to inspect a checkpoint in a notebook.
+#
+# The way back, 1 → 2, needs a checkpoint written by *one* process and loaded by 2 ranks.
+# This notebook is that one process, but it runs after the launch, and a second launch
+# only to load would cost about 5 s twice (script and notebook). So the worker's rank 0
+# plays the single process, inside the same launch: it converts `step1` with
+# `dcp_to_torch_save` and writes the result back with `torch_save_to_dcp`, which saves
+# with `no_dist=True`, no process group involved, into `step1_full`. A barrier keeps rank 1
+# from reading before the folder is complete; then both ranks build fresh sharded models
+# (other weights again), load `step1_full` and take step 2.
+#
+# **Predict.** How many chunks does `step1_full`'s metadata list for the (16, 8) weight?
+# Is the 2 ranks' step 2 from it still bitwise equal to the uninterrupted one?
+
+# %%
+show(run, "one to two")
+single = dcp.FileSystemReader(ck / "step1_full").read_metadata()
+for chunk in single.state_dict_metadata["model.0.weight"].chunks:
+    print(f"step1_full: model.0.weight chunk at offset {list(chunk.offsets)} size {list(chunk.sizes)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: wrote step1_full by itself: ['.metadata', '__0_0.distcp']
+# rank 0: loaded local weight shard (8, 8) from the full (16, 8)
+# rank 0: restored step 1; step 2 loss 1.147397, equal True
+# rank 0: parameters after step 2 bitwise equal to the uninterrupted run: True
+# rank 1: loaded local weight shard (8, 8) from the full (16, 8)
+# step1_full: model.0.weight chunk at offset [0, 0] size [16, 8]
+# ```
+#
+# One process wrote one file and one chunk: the whole (16, 8) weight at offset [0, 0].
+# Each rank's loader asked for *its* rows (rank 0 rows 0-7, rank 1 rows 8-15) and DCP read
+# that part of the one stored chunk, the mirror image of the 2 → 1 load above. Step 2 from
+# it is again bitwise equal to the run that never stopped: 2 → 1 → 2 loses nothing.
 
 # %% [markdown]
 # ## 4. Saving while the next step runs: `dcp.async_save`
@@ -593,9 +636,18 @@ print(f"file size {(ck / 'step1.pt').stat().st_size} bytes")
 # machine: deadlock or abort in 3 of 3 runs). The worker makes one with
 # `dist.new_group(backend="gloo")`, which also serves a job whose training group is NCCL.
 #
-# **Predict.** Does `async_save` return before the write is finished? The state is saved
-# after step 2 and step 3 runs while it is written: which parameters end up in the
-# checkpoint?
+# Timings alone cannot prove that the write overlaps the step: on a busy machine the
+# background thread may finish before step 3 starts, or only after. So the worker makes the
+# overlap certain. It passes `async_save` a `FileSystemWriter` subclass, `GatedWriter`,
+# whose `write_data` (the method that writes this rank's shard file, which DCP calls from
+# its background thread) first waits on a `threading.Event`. The main thread runs step 3,
+# prints `future.done()`, and only then sets the event. The wait has a timeout (30 s) so
+# that a main thread that died cannot leave the writer hanging. (A `FileSystemWriter` is
+# also `async_save`'s stager: its `stage()` copies the state into new CPU tensors.)
+#
+# **Predict.** When step 3 has finished, is the future done? Which thread writes the
+# shards? The state is saved after step 2 and step 3 changes the parameters before the
+# write: which parameters end up in the checkpoint?
 
 # %%
 show(run, "async")
@@ -607,19 +659,27 @@ print(f"step2 checkpoint holds the step-2 parameters: {all(same(msd2[n], ref['pa
 # %% [markdown]
 # Output:
 # ```text
-# rank 0: async_save returned after «time» ms; step 3 ran meanwhile (loss 0.998303)
-# rank 0: future.result() waited; checkpoint complete after «time» ms
+# rank 0: async_save returned after «time» ms (state staged)
+# rank 0: step 3 done (loss 0.998303); checkpoint finished before the gate opened: False
+# rank 0: future.result() returned after «time» ms
+# rank 0: shards written by thread 'AsyncCheckpointExecutor_0', not 'MainThread'
 # rank 0: step2 has .metadata: True
+# rank 1: step 3 done (loss 0.998303); checkpoint finished before the gate opened: False
 # step2 checkpoint holds the step-2 parameters: True
 # ```
 #
-# `async_save` returned after staging, in tens of milliseconds; step 3 then ran while the
-# background thread wrote, and `future.result()` waited for the rest (how much of the write
-# overlapped step 3 depends on the machine's load: the milliseconds are this shared 2-core
-# machine's and vary from run to run). The checkpoint holds the parameters *after step 2*,
-# bitwise, although step 3 changed the live parameters during the write: staging copied
-# them first. On a GPU the staging copy is device-to-host, and the overlap is what hides a
-# checkpoint's cost on big models.
+# `async_save` returned once the state was staged, and step 3 (forward, backward,
+# reduce-scatter, Adam) ran on both ranks while the checkpoint was still in flight:
+# `future.done()` was False after it, as it had to be, since the writer was held at the
+# gate. Only then did the main thread open the gate and wait in `future.result()`. The
+# shards were written by `AsyncCheckpointExecutor_0`, the one thread of the pool
+# `async_save` creates, not by the main thread. (The milliseconds are this shared 2-core
+# machine's and vary from run to run: placeholders. Without the gate, how much of the
+# write overlaps step 3 would depend on the load; the gate turns that race into a fact.)
+# The checkpoint holds the parameters *after step 2*, bitwise, although step 3 changed the
+# live parameters before a byte was written: staging copied them first. On a GPU the
+# staging copy is device-to-host, and the overlap is what hides a checkpoint's cost on big
+# models.
 
 # %% [markdown]
 # ## 5. The restart drill: kill a rank, let torchrun restart the job
@@ -883,9 +943,13 @@ print(f"load_file gives back the tensors: {all(same(v, tensors[k]) for k, v in l
 # - DCP writes one file per rank and records each shard's offset in the global tensor: a
 #   2-rank FSDP2 checkpoint loaded into 1 process (`no_dist=True`) and into 2 new ranks,
 #   and both took the next step bitwise equal (given the same `(g0 + g1) / 2` average).
-#   `dcp_to_torch_save` turns it into one file of full tensors.
-# - `dcp.async_save` stages a copy and writes in the background while training goes on;
-#   give it its own gloo group and wait on its future before the next save.
+#   `dcp_to_torch_save` turns it into one file of full tensors, `torch_save_to_dcp` back
+#   into a 1-process checkpoint (one chunk per tensor), which 2 sharded ranks loaded and
+#   again took step 2 bitwise equal: 2 → 1 → 2.
+# - `dcp.async_save` stages a copy and writes in the background while training goes on:
+#   with the writer held at a gate, step 3 finished while the future was not done, and the
+#   checkpoint still held step 2's parameters. Give it its own gloo group and wait on its
+#   future before the next save.
 # - The restart drill: `torchrun --max-restarts=1` (with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`
 #   on this PyTorch) restarted the job after rank 1 died in checkpoint 9; attempt 1 skipped
 #   the folder without `.metadata`, loaded `step_6`, replayed steps 7-9 and ended bitwise

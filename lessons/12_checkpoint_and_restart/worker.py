@@ -8,7 +8,10 @@
 - `reshard`: one training step of a small FSDP2 model, saved with DCP into DIR/step1 (each
   rank writes its own shards); the uninterrupted second step is recorded in DIR/reference.pt;
   a fresh sharded model loads DIR/step1 back into 2 ranks and must take the same second step
-  bit for bit; then dcp.async_save writes the step-2 state into DIR/step2 while step 3 runs.
+  bit for bit; rank 0 converts DIR/step1 into a 1-process checkpoint DIR/step1_full
+  (dcp_to_torch_save, then torch_save_to_dcp) and fresh sharded models load it on 2 ranks
+  (1 -> 2) and take the same second step; then dcp.async_save stages the step-2 state into
+  DIR/step2 and its background thread writes it only after step 3 ran (a gate in the writer).
 - `drill`: 12 steps, a checkpoint after every 3rd. On the first attempt rank 1 kills itself
   (SIGKILL) in the middle of writing checkpoint 9, once (DIR/killed marks that it happened).
   torchrun (--max-restarts=1) starts both ranks again; they load the latest *complete*
@@ -27,6 +30,7 @@ import datetime
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -34,6 +38,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -41,6 +46,7 @@ from torch.distributed.fsdp import fully_shard
 TIMEOUT = datetime.timedelta(seconds=45)  # gloo's default is 30 minutes; the machine is shared
 STEPS, EVERY, KILL_AT = 12, 3, 9  # the drill: 12 steps, save after 3, 6, 9; die while saving 9
 BATCH = 8  # global batch: each rank takes 4 rows
+GATE_S = 30.0  # the longest async_save's writer waits for the main thread's step 3
 
 
 def say(text):
@@ -160,25 +166,59 @@ def reload_two_ranks(root, device, loss2, params):
     shared(f"parameters after step 2 bitwise equal to the uninterrupted run: {bitwise(full_params(model), params)}")
 
 
+def one_to_two(root, device, loss2, params):
+    section("one to two")
+    if dist.get_rank() == 0:  # one process turns the 2-rank checkpoint into a 1-process one
+        dcp_to_torch_save(root / "step1", root / "step1_full.pt")  # full tensors, one file
+        torch_save_to_dcp(root / "step1_full.pt", root / "step1_full")  # saved by 1 process, no_dist
+        files = sorted(p.name for p in (root / "step1_full").iterdir())
+        say(f"wrote step1_full by itself: {files}")
+    dist.barrier()  # nobody reads step1_full before it is complete
+    model, optim, sched = build(device, seed=321)
+    step = restore(model, optim, sched, root / "step1_full")  # 1 full chunk -> 2 shards
+    say(f"loaded local weight shard {tuple(model[0].weight.to_local().shape)} from the full (16, 8)")
+    loss = train_step(model, optim, sched, step + 1, device)
+    shared(f"restored step {step}; step 2 loss {loss:.6f}, equal {loss == loss2}")
+    shared(f"parameters after step 2 bitwise equal to the uninterrupted run: {bitwise(full_params(model), params)}")
+
+
+class GatedWriter(dcp.FileSystemWriter):
+    """A FileSystemWriter whose write_data (run by async_save's background thread) first
+    waits until the main thread opens the gate: the write cannot finish before that."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.gate, self.thread = threading.Event(), None
+
+    def write_data(self, plan, planner):
+        self.thread = threading.current_thread().name  # which thread writes the shards
+        if not self.gate.wait(GATE_S):  # bounded: a main thread that died cannot hang us
+            raise TimeoutError(f"the gate stayed closed for {GATE_S} s")
+        return super().write_data(plan, planner)
+
+
 def async_checkpoint(root, device, trained):
     section("async")
     model, optim, sched = trained  # after step 2
     # its own group: async_save's background collectives must not interleave with training's
     group = dist.new_group(backend="gloo", timeout=TIMEOUT)
+    writer = GatedWriter(root / "step2")
     start = time.perf_counter()
-    future = dcp.async_save(state(model, optim, sched, 2), checkpoint_id=root / "step2", process_group=group)
-    returned = time.perf_counter() - start
-    loss3 = train_step(model, optim, sched, 3, device)  # runs while the background thread writes
+    future = dcp.async_save(state(model, optim, sched, 2), storage_writer=writer, process_group=group)
+    shared(f"async_save returned after {(time.perf_counter() - start) * 1000:.1f} ms (state staged)")
+    loss3 = train_step(model, optim, sched, 3, device)  # the background thread waits at the gate
+    say(f"step 3 done (loss {loss3:.6f}); checkpoint finished before the gate opened: {future.done()}")
+    writer.gate.set()  # only now may the shards be written
     future.result()  # wait before the next save (and before anyone reads step2)
-    waited = time.perf_counter() - start
-    shared(f"async_save returned after {returned * 1000:.1f} ms; step 3 ran meanwhile (loss {loss3:.6f})")
-    shared(f"future.result() waited; checkpoint complete after {waited * 1000:.1f} ms")
+    shared(f"future.result() returned after {(time.perf_counter() - start) * 1000:.1f} ms")
+    shared(f"shards written by thread {writer.thread!r}, not {threading.current_thread().name!r}")
     shared(f"step2 has .metadata: {(root / 'step2' / '.metadata').is_file()}")
 
 
 def reshard(root, device):
     loss2, params, trained = save_and_reference(root, device)
     reload_two_ranks(root, device, loss2, params)
+    one_to_two(root, device, loss2, params)
     async_checkpoint(root, device, trained)
     return 0
 
