@@ -29,7 +29,7 @@
 # **How to run:** `python lessons/12_checkpoint_and_restart/checkpoint_and_restart.py` or
 # `make lesson N=12` from the repository root, or open `checkpoint_and_restart.ipynb`. It
 # writes checkpoints into a temporary folder (removed at the end), launches two 2-rank
-# runs of `worker.py` on the CPU with gloo (the whole script: about 22 s on this 2-core
+# runs of `worker.py` on the CPU with gloo (the whole script: about 20 s on this 2-core
 # machine alone, 25 to 47 s measured while other jobs used its cores), and saves its
 # figure next to the lesson. You can run the worker yourself:
 # `torchrun --standalone --nproc-per-node=2 lessons/12_checkpoint_and_restart/worker.py reshard /tmp/ck`
