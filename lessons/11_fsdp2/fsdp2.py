@@ -90,9 +90,11 @@ def launch(part, timeout=120.0):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "--log-dir", str(logs), "--redirects", "3", str(WORKER), part]
     start = time.monotonic()
+    # a CPU run on every machine: a visible GPU would let pin_memory=True work (section 9)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     with open(logs / "torchrun.log", "w") as agent_log:
-        proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=agent_log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=agent_log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
             code = proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -577,8 +579,10 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 # process: the shards simply live where they already were. With the default
 # `pin_memory=True`, `fully_shard` itself fails in 2.13.0 with "Cannot access accelerator
 # device when none is available": page-locked memory is allocated through an accelerator's
-# runtime. On a CPU-only
-# machine, pass `pin_memory=False` (or no offload policy: there is nowhere to offload to).
+# runtime. On a CPU-only machine, pass `pin_memory=False` (or no offload policy: there is
+# nowhere to offload to). The launcher hides any GPU from the ranks (`CUDA_VISIBLE_DEVICES=`
+# empty), so this section reads the same on every machine; with a GPU visible, pinned
+# memory can be allocated and the default policy is expected to work (not run here: no GPU).
 # The worker's `pinned` part lets this error escape: the launch then fails cleanly. Each
 # rank prints its traceback before the barrier, so both tracebacks are written before either
 # rank can exit; then the first rank to exit does so with code 1, and torchrun, seeing a

@@ -177,7 +177,8 @@ def test_failing_launch_ends_cleanly():
     """CPUOffloadPolicy() with pin_memory=True raises on both ranks: exit 1, no hang, no stray."""
     from scripts.multirank import launch, session_alive
 
-    result = launch(WORKER, nproc=2, timeout=120, args=["pinned"])
+    # hide any GPU, as the lesson's launcher does: with one, pin_memory=True works
+    result = launch(WORKER, nproc=2, timeout=120, args=["pinned"], env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 1 and not result.timed_out, result.describe()
     assert result.seconds < 60, result.describe()
     # the first rank to exit does so with 1; torchrun then SIGTERMs the other (-15) unless it

@@ -310,8 +310,8 @@ def show_reshard(mesh, device):
         shared(f"reshard_after_forward={mode}: parameter bytes between forward and backward "
                f"{held}, peak {peak}")
         if mode is None:  # one line per moment: embed, blocks.0, blocks.1, head; param bytes
-            for label, state, nbytes in events:
-                shared(f"trace {label:<12} | {' '.join(s[0] for s in state)} | {nbytes:>6} bytes")
+            for label, state, held in events:
+                shared(f"trace {label:<12} | {' '.join(s[0] for s in state)} | {held:>6} bytes")
 
 
 def show_mixed(mesh, device):
