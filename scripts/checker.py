@@ -48,6 +48,7 @@ PLACEHOLDERS = {
     "path": r"\S+",  # a file path outside the repository (a temporary folder)
 }
 GATED_WARNINGS = (DeprecationWarning, FutureWarning)
+DIFFERS = "printed output differs from its documented block"
 
 
 class LessonError(AssertionError):
@@ -66,17 +67,65 @@ def read_cells(script: Path) -> list[Cell]:
     return [Cell(i + 1, c.cell_type, c.source) for i, c in enumerate(nb.cells)]
 
 
-def documented_block(markdown: str) -> list[str] | None:
-    """The lines of the ``text`` block of an ``Output:`` cell, or None for any other cell."""
+def cpu_capability() -> str:
+    """The vector ISA PyTorch's CPU kernels use here: "AVX512", "AVX2", "DEFAULT" (none), ..."""
+    import torch  # imported here: the checker's text functions need no torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
+# Conditions an alternative Output block may name ("```text when=NAME"): a cell that cannot do
+# its work on some machines prints a skip line with its reason there, and documents it so.
+CONDITIONS = {
+    "no-vector-isa": lambda: cpu_capability() == "DEFAULT",
+}
+FENCE = re.compile(r"```text(?:\s+when=(\S+))?\s*$")
+
+
+def fenced_blocks(lines: list[str]) -> dict[str | None, tuple[int, int]]:
+    """Each ```text block of a cell: condition (None for the plain block) -> (start, end) of
+    the lines between its fences. A block without a closing fence is left out."""
+    blocks, i = {}, 1
+    while i < len(lines):
+        m = FENCE.match(lines[i].strip())
+        if m is None:
+            i += 1
+            continue
+        try:
+            end = lines.index("```", i + 1)
+        except ValueError:
+            break
+        blocks.setdefault(m.group(1), (i + 1, end))
+        i = end + 1
+    return blocks
+
+
+def applicable_block(markdown: str) -> tuple[int, int] | None:
+    """Where, in ``markdown.splitlines()``, the Output block that applies on this machine lies:
+    (start, end) of the lines between its fences. None for a cell that is not an Output: cell;
+    (0, 0) for an Output: cell without a well-formed plain block."""
     lines = markdown.splitlines()
     if not lines or lines[0].strip() != "Output:":
         return None
-    try:
-        start = lines.index("```text", 1)
-        end = lines.index("```", start + 1)
-    except ValueError:
-        return []  # an Output: cell without a well-formed block documents nothing
-    return [line.rstrip() for line in lines[start + 1 : end]]
+    blocks = fenced_blocks(lines)
+    for condition, span in blocks.items():
+        if condition is not None and condition in CONDITIONS and CONDITIONS[condition]():
+            return span
+    return blocks.get(None, (0, 0))
+
+
+def unknown_conditions(markdown: str) -> list[str]:
+    lines = markdown.splitlines()
+    return sorted(c for c in fenced_blocks(lines) if c is not None and c not in CONDITIONS)
+
+
+def documented_block(markdown: str) -> list[str] | None:
+    """The lines of the ``text`` block of an ``Output:`` cell that applies on this machine,
+    or None for any other cell."""
+    span = applicable_block(markdown)
+    if span is None:
+        return None
+    return [line.rstrip() for line in markdown.splitlines()[span[0] : span[1]]]
 
 
 def line_pattern(expected: str) -> str:
@@ -144,8 +193,15 @@ def check_outputs(lesson: str, cells: list[Cell], printed: dict[int, str]) -> li
         if block is None:
             problems.append(f"{lesson}, cell {cell.number}: prints but no Output: block follows it\n" + "\n".join(actual))
         elif len(block) != len(actual) or not all(map(line_matches, block, actual)):
-            problems.append(f"{lesson}, cell {cell.number}: printed output differs from its documented block\n" + diff(block, actual, cell.number))
+            problems.append(f"{lesson}, cell {cell.number}: {DIFFERS}\n" + diff(block, actual, cell.number))
     return problems
+
+
+def update_hint(lesson: str) -> str:
+    """What to do when the new output is the intended one."""
+    m = re.search(r"lessons/(\d\d)_", lesson.replace(os.sep, "/"))
+    target = f"make outputs N={m.group(1)}" if m else "make outputs"
+    return f"{lesson}: if the change is intended, run `{target}` and review `git diff`"
 
 
 def lesson_name(script: Path) -> str:
@@ -172,6 +228,8 @@ class LessonRun:
         found = list(self.errors) + check_outputs(name, self.cells, self.printed)
         found += [f"{name}: unknown placeholder «{n}» (known: {', '.join(PLACEHOLDERS)})"
                   for n in unknown_placeholders(self.cells)]
+        found += [f"{name}, cell {c.number}: unknown Output condition when={n} (known: {', '.join(CONDITIONS)})"
+                  for c in self.cells if c.kind == "markdown" for n in unknown_conditions(c.source)]
         found += [
             f"{name}: {w}"
             for w in self.gated_warnings
@@ -179,9 +237,16 @@ class LessonRun:
         ]
         return found
 
+    def report(self) -> str:
+        """The problems, one paragraph each, ending with how to accept an intended change."""
+        found = self.problems()
+        if any(DIFFERS in p for p in found):
+            found.append(update_hint(lesson_name(self.source)))
+        return "\n\n".join(found)
+
     def check(self) -> None:
-        if found := self.problems():
-            raise LessonError("\n\n".join(found))
+        if found := self.report():
+            raise LessonError(found)
 
 
 @contextlib.contextmanager
@@ -245,23 +310,43 @@ GATED_IN_STDERR = re.compile(r"\b(DeprecationWarning|FutureWarning): .*")
 
 
 def run_notebook(notebook: Path, cell_timeout: int = 300) -> LessonRun:
-    """Execute a notebook top to bottom in a fresh python3 kernel, from its own folder."""
+    """Execute a notebook top to bottom in a fresh python3 kernel, from its own folder.
+
+    The expected blocks come from the script beside it (``slug.py``), the single source of
+    truth: the generated notebook may present them differently (collapsed, so that a student
+    predicts before seeing them). A notebook whose cells are not the script's is stale.
+    """
     from nbclient import NotebookClient  # imported here: only notebook runs need it
 
     notebook = notebook.resolve()
     nb = nbformat.read(notebook, as_version=4)
+    run = LessonRun(notebook, read_cells(notebook.with_suffix(".py")))
+    if stale := notebook_mismatch(run.cells, nb):
+        run.errors.append(f"{lesson_name(notebook)} is stale ({stale}): regenerate it with `make notebooks`")
+        return run
     client = NotebookClient(
         nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
         resources={"metadata": {"path": str(notebook.parent)}},
     )
     client.execute()
-    run = LessonRun(notebook, [Cell(i + 1, c.cell_type, c.source) for i, c in enumerate(nb.cells)])
     for number, cell in enumerate(nb.cells, start=1):
         if cell.cell_type == "code":
             run.printed[number] = ""
         for out in cell.get("outputs", []):
             collect_output(run, number, out)
     return run
+
+
+def notebook_mismatch(cells: list[Cell], nb: nbformat.NotebookNode) -> str | None:
+    """Why the notebook's cells are not the script's cells, or None when they are."""
+    if len(cells) != len(nb.cells):
+        return f"{len(nb.cells)} cells, the script has {len(cells)}"
+    for cell, nb_cell in zip(cells, nb.cells):
+        if cell.kind != nb_cell.cell_type:
+            return f"cell {cell.number} is {nb_cell.cell_type}, the script's is {cell.kind}"
+        if cell.kind == "code" and cell.source != nb_cell.source:
+            return f"cell {cell.number}'s code differs from the script's"
+    return None
 
 
 def collect_output(run: LessonRun, number: int, out: dict) -> None:
@@ -281,6 +366,17 @@ def collect_output(run: LessonRun, number: int, out: dict) -> None:
         )
 
 
+def allowed_warnings(script: Path) -> tuple[str, ...]:
+    """The manifest's allowed warnings for the lesson holding ``script`` (none for a script
+    outside the course's lesson folders, e.g. a test fixture)."""
+    from scripts import manifest  # imported here: manifest does not import the checker
+
+    try:
+        return manifest.for_path(script).allowed_warnings
+    except KeyError:
+        return ()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Check a lesson's documented outputs.")
     parser.add_argument("script", type=Path, help="lessons/NN_slug/slug.py")
@@ -289,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = [run_script(args.script)]
     if args.notebook:
         runs.append(run_notebook(args.script.with_suffix(".ipynb")))
-    found = [p for run in runs for p in run.problems()]
+    for run in runs:  # the manifest's allowed warnings apply here as in the tests
+        run.allowed_warnings = allowed_warnings(args.script)
+    found = [text for run in runs if (text := run.report())]
     print("\n\n".join(found) if found else f"{lesson_name(args.script)}: documented outputs match")
     return 1 if found else 0
 

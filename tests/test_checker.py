@@ -150,3 +150,87 @@ def test_the_script_runs_as_the_main_module(tmp_path):
     run = checker.run_script(write(tmp_path, text))
     assert run.problems() == []
     assert sys.modules["__main__"].__dict__ is not run.ns  # restored afterwards
+
+
+def test_a_failure_ends_with_how_to_accept_an_intended_change(tmp_path):
+    run = checker.run_script(write(tmp_path, LESSON.replace("48 bytes\n", "64 bytes\n")))
+    assert run.report().endswith("if the change is intended, run `make outputs` and review `git diff`")
+    assert checker.update_hint("lessons/07_attention/attention.py").endswith(
+        "run `make outputs N=07` and review `git diff`")
+    with pytest.raises(checker.LessonError, match="make outputs"):
+        run.check()
+    assert "make outputs" not in checker.run_script(write(tmp_path, LESSON.replace("1 / 0", ""))).report()
+
+
+# A cell that cannot do its work on a CPU without vector instructions documents what it prints
+# there in a second block; the checker picks the block by the machine it runs on.
+CONDITIONAL = LESSON + '''
+# %%
+import torch
+print("skipped: no vector ISA" if torch.backends.cpu.get_cpu_capability() == "DEFAULT" else "compiled")
+
+# %% [markdown]
+# Output:
+# ```text
+# compiled
+# ```
+#
+# ```text when=no-vector-isa
+# skipped: no vector ISA
+# ```
+'''
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "DEFAULT"])
+def test_a_conditional_block_is_expected_exactly_where_its_condition_holds(tmp_path, monkeypatch, isa):
+    monkeypatch.setattr(checker, "cpu_capability", lambda: isa)
+    monkeypatch.setattr("torch.backends.cpu.get_cpu_capability", lambda: isa)
+    assert checker.run_script(write(tmp_path, CONDITIONAL)).problems() == []
+    # the other machine's line is wrong here, in either direction
+    other = "compiled" if isa == "DEFAULT" else "skipped: no vector ISA"
+    swapped = CONDITIONAL.replace('else "compiled")', f'else "{other}")').replace(
+        '"skipped: no vector ISA" if', f'"{other}" if')
+    (found,) = checker.run_script(write(tmp_path, swapped)).problems()
+    assert "cell 5: printed output differs" in found
+
+
+def test_conditional_blocks_are_located_for_rewriting(monkeypatch):
+    cell = "Output:\n```text\na\n```\n\n```text when=no-vector-isa\nb\nc\n```\nprose"
+    monkeypatch.setattr(checker, "cpu_capability", lambda: "AVX512")
+    assert checker.applicable_block(cell) == (2, 3) and checker.documented_block(cell) == ["a"]
+    monkeypatch.setattr(checker, "cpu_capability", lambda: "DEFAULT")
+    assert checker.applicable_block(cell) == (6, 8) and checker.documented_block(cell) == ["b", "c"]
+    assert checker.applicable_block("prose\n```text\na\n```") is None
+    assert checker.applicable_block("Output:\nno block") == (0, 0)
+
+
+def test_an_unknown_condition_is_an_error(tmp_path):
+    text = CONDITIONAL.replace("when=no-vector-isa", "when=quantum")
+    found = checker.run_script(write(tmp_path, text)).problems()
+    assert any("unknown Output condition when=quantum" in p for p in found)
+
+
+def test_the_notebook_takes_its_expected_blocks_from_the_script(tmp_path):
+    """The notebook may hide its blocks (collapsed for predict-before-reveal); the script
+    decides what is expected, and a notebook whose code differs from the script is stale."""
+    script = write(tmp_path, LESSON)
+    nb = notebooks.build(script)
+    nb.cells[2].source = "<details><summary>Expected output</summary>\n\nanything\n\n</details>"
+    import nbformat
+
+    nbformat.write(nb, notebooks.notebook_path(script))
+    assert checker.run_notebook(notebooks.notebook_path(script)).problems() == []
+    script.write_text(LESSON.replace("48 bytes\n", "64 bytes\n"))
+    (found,) = checker.run_notebook(notebooks.notebook_path(script)).problems()
+    assert "cell 2: printed output differs" in found
+    script.write_text(LESSON.replace("quiet = 1", "quiet = 2"))
+    (found,) = checker.run_notebook(notebooks.notebook_path(script)).problems()
+    assert "is stale (cell 4's code differs from the script's)" in found
+
+
+def test_the_command_line_applies_the_manifests_allowed_warnings(monkeypatch):
+    from scripts import manifest
+
+    lesson = next(l for l in manifest.ready() if l.allowed_warnings)
+    assert checker.allowed_warnings(lesson.script) == lesson.allowed_warnings
+    assert checker.allowed_warnings(Path("/tmp/elsewhere.py")) == ()
