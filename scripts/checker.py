@@ -30,9 +30,6 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import jupytext
-import nbformat
-
 ROOT = Path(__file__).resolve().parents[1]
 PLACEHOLDER = re.compile(r"«([^»]*)»")
 NUMBER = r"-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
@@ -63,6 +60,8 @@ class Cell:
 
 
 def read_cells(script: Path) -> list[Cell]:
+    import jupytext  # imported here: the GPU machine's Python has no jupytext (tests/gpu)
+
     nb = jupytext.read(script, fmt="py:percent")
     return [Cell(i + 1, c.cell_type, c.source) for i, c in enumerate(nb.cells)]
 
@@ -316,7 +315,8 @@ def run_notebook(notebook: Path, cell_timeout: int = 300) -> LessonRun:
     truth: the generated notebook may present them differently (collapsed, so that a student
     predicts before seeing them). A notebook whose cells are not the script's is stale.
     """
-    from nbclient import NotebookClient  # imported here: only notebook runs need it
+    import nbformat
+    from nbclient import NotebookClient  # imported here: only notebook runs need them
 
     notebook = notebook.resolve()
     nb = nbformat.read(notebook, as_version=4)
@@ -337,7 +337,7 @@ def run_notebook(notebook: Path, cell_timeout: int = 300) -> LessonRun:
     return run
 
 
-def notebook_mismatch(cells: list[Cell], nb: nbformat.NotebookNode) -> str | None:
+def notebook_mismatch(cells: list[Cell], nb) -> str | None:
     """Why the notebook's cells are not the script's cells, or None when they are."""
     if len(cells) != len(nb.cells):
         return f"{len(nb.cells)} cells, the script has {len(cells)}"
