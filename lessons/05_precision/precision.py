@@ -14,24 +14,29 @@
 # - why weights and optimizer state stay in float32 while the matmuls run in 16 bits;
 # - how loss scaling keeps small float16 gradients alive, and the skip/halve/double rule of
 #   `torch.amp.GradScaler`;
-# - which ops CPU autocast runs in bfloat16, and where it differs from CUDA autocast;
+# - which ops CPU autocast runs in bfloat16, where it differs from CUDA autocast, and what
+#   a 16-bit matmul costs on your CPU;
+# - a whole mixed-precision training step in order (unscale before clipping), and why
+#   bfloat16 needs no scaler;
 # - the bytes per parameter a mixed-precision AdamW step keeps, measured;
-# - that `torch.optim.AdamW` is a few lines of NumPy, matched to a few 1e-16.
+# - that `torch.optim.AdamW` is a few lines of NumPy, matched to rounding level.
 #
 # **Prerequisites:** lessons 01–04 (tensors, autograd, modules, a training loop), and the
 # idea of a gradient step.
 #
 # **How to run:** `python lessons/05_precision/precision.py` or `make lesson N=05` from the
 # repository root, or open `precision.ipynb`. Everything runs on the CPU in a few seconds.
-# Many CPUs have no fast bfloat16 or float16 matrix multiply (on the course's reference
-# machines they ran far slower than float32), so every low-precision matmul here is tiny on
-# purpose. Each printing cell is followed by an *Output* block: what
-# it printed with the pinned PyTorch (2.13.0), checked by `make test`.
+# Whether a 16-bit matrix multiply is fast on a CPU depends on its instruction set: section
+# 4 measures it on yours. Where the CPU has no 16-bit matrix instructions it can be tens of
+# times slower than float32, so every low-precision matmul here is tiny on purpose. Each
+# printing cell is followed by an *Output* block: what it printed with the pinned PyTorch
+# (2.13.0), checked by `make test`.
 
 # %%
 import csv
 import math
 import os
+import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -146,17 +151,25 @@ for name in ("float32", "bfloat16"):
         total = total + step  # each sum is rounded to the format
     sums[name] = total.item()
     print(f"1 + 10,000 x 1e-4 in {name:8} = {sums[name]:.4f} (exact: 2.0000)")
+one = torch.tensor(1.0) + torch.tensor(1e-4)  # one float32 addition, result in [1, 2)
+moved, ulp = one.item() - 1.0, torch.finfo(torch.float32).eps  # eps: the step in [1, 2)
+print(f"float32 step in [1, 2): {ulp:.3g}; one addition moves 1.0 by {moved:.6g} "
+      f"= {moved / ulp:.0f} steps (1e-4 is {1e-4 / ulp:.2f} steps)")
 
 # %% [markdown]
 # Output:
 # ```text
 # 1 + 10,000 x 1e-4 in float32  = 2.0002 (exact: 2.0000)
 # 1 + 10,000 x 1e-4 in bfloat16 = 1.0000 (exact: 2.0000)
+# float32 step in [1, 2): 1.19e-07; one addition moves 1.0 by 0.000100017 = 839 steps (1e-4 is 838.86 steps)
 # ```
 #
 # In bfloat16 the next number after 1 is 1.0078, so 1 + 1e-4 is rounded back to 1: every
-# one of the 10,000 additions is lost, not just a little of each. float32 drifts by 2e-4
-# (its step near 2 is 2.4e-7, and each addition rounds a bit), but it gets there. A typical
+# one of the 10,000 additions is lost, not just a little of each. float32 gets there, 2e-4
+# too far. All partial sums but the last two lie in [1, 2), where float32's numbers are
+# 2**-23 = 1.19e-7 apart, and 1e-4 is 838.86 of those steps: each addition rounds to 839
+# steps, 1.7e-8 too much, and 10,000 of them add up to 1.7e-4, which prints as 2.0002. (The rounding is IEEE arithmetic
+# on one scalar: these digits are the same on every CPU.) A typical
 # optimizer update is 1e-3 to 1e-5 of the weight it changes, below bfloat16's half-step of
 # 0.4%, so a model whose weights were stored in bfloat16 would mostly stop learning.
 # Mixed precision therefore keeps a float32 *master copy* of the weights, and the
@@ -347,10 +360,52 @@ for op, dtype in dtypes.items():
 #
 # The matmuls cast their float32 inputs to bfloat16. softmax and layer_norm do *not*
 # change dtype on the CPU: given bfloat16 logits they compute in bfloat16, given float32
-# they stay float32. That is the truth of this build, and it differs from CUDA autocast,
-# whose float32 list includes softmax, log_softmax and layer_norm: on a GPU the same two
-# calls return float32 (this lesson's CUDA test checks it, `make test-gpu`). The
-# cross-entropy loss is on the CPU's float32 list, so it comes out float32 in both.
+# they stay float32. The cross-entropy loss comes out float32.
+#
+# Autocast is a dispatch key (lesson 02): an op is cast only if it has a kernel registered
+# under `AutocastCPU` or `AutocastCUDA`, and that kernel applies the op's list (lower
+# precision, or float32). The CUDA registrations are compiled into every build of PyTorch,
+# so the CPU can tell us which ops each device's autocast handles.
+#
+# **Predict.** On a GPU, cross-entropy under autocast also comes out float32. Is that
+# because `cross_entropy_loss` is on CUDA's float32 list too?
+
+
+# %%
+def autocast_rule(op, key):
+    """Whether autocast has a kernel for `op` under dispatch key `key` (a rule to apply)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+
+
+AUTOCAST_OPS = ["aten::mm", "aten::cross_entropy_loss", "aten::log_softmax.int",
+                "aten::nll_loss", "aten::softmax.int", "aten::layer_norm"]
+print(f"{'op':26} {'AutocastCPU':11} AutocastCUDA")
+for op in AUTOCAST_OPS:
+    print(f"{op:26} {autocast_rule(op, 'AutocastCPU')!s:11} {autocast_rule(op, 'AutocastCUDA')}")
+composite = autocast_rule("aten::cross_entropy_loss", "CompositeImplicitAutograd")
+print(f"cross_entropy_loss decomposes into other ops (CompositeImplicitAutograd): {composite}")
+
+# %% [markdown]
+# Output:
+# ```text
+# op                         AutocastCPU AutocastCUDA
+# aten::mm                   True        True
+# aten::cross_entropy_loss   True        False
+# aten::log_softmax.int      False       True
+# aten::nll_loss             True        True
+# aten::softmax.int          False       True
+# aten::layer_norm           False       True
+# cross_entropy_loss decomposes into other ops (CompositeImplicitAutograd): True
+# ```
+#
+# No. On the CPU, `cross_entropy_loss` itself is on the float32 list, and autocast casts
+# its input up before it runs. CUDA autocast has no rule for it at all: the op falls
+# through and decomposes into `log_softmax` and `nll_loss`, and it is `log_softmax`, on
+# CUDA's float32 list, that casts the bfloat16 logits up; `nll_loss` then reads float32.
+# CUDA's list also holds `softmax` and `layer_norm`, which the CPU's does not: on a GPU
+# those two calls return float32 (this lesson's CUDA test checks all of it,
+# `make test-gpu`). The same line of Python gets its float32 loss from different ops on
+# different devices, and a change to either list changes what you get.
 #
 # So do not rely on one device's lists: compute the loss on float32 logits yourself.
 #
@@ -375,9 +430,225 @@ print(f"loss on fp32 logits {loss_fp32.item():.4f} ({loss_fp32.dtype})")
 # too, so it misses the float32 value by more than one of those steps. `logits.float()`
 # costs one small cast and makes the loss, and the start of the backward pass, float32 on
 # every device.
+#
+# ### What a 16-bit matmul costs on this CPU
+#
+# Autocast chose bfloat16 for the matmuls because on most accelerators 16-bit products
+# are several times faster than float32 ones. On a CPU that depends on its instruction set.
+#
+# **Predict.** Is a 128×128 matmul faster in bfloat16 than in float32 on your CPU? In
+# float16?
+
+
+# %%
+def best_time(fn, repeats=5, calls=3):
+    """Seconds per call of fn: the fastest of `repeats` timings of `calls` calls."""
+    fn()  # warm-up: the first call picks (and may build) the kernel
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
+N_MM = 128  # small on purpose: where a format is slow, it is tens of times slower
+a32, b32 = torch.randn(N_MM, N_MM), torch.randn(N_MM, N_MM)  # (n, n) float32
+mm_time, mm_out = {}, {}
+for name, dtype in FORMATS.items():
+    a16, b16 = a32.to(dtype), b32.to(dtype)  # converted outside the clock
+    mm_time[name] = best_time(lambda: a16 @ b16)
+    mm_out[name] = a16 @ b16  # (n, n), kept for the test: a real product was computed
+print(f"{N_MM}x{N_MM} matmul, fastest of 5: float32 {mm_time['float32'] * 1e6:.0f} us")
+for name in ("bfloat16", "float16"):
+    print(f"{name:8} takes {mm_time[name] / mm_time['float32']:.2f} x the float32 time")
 
 # %% [markdown]
-# ## 5. What a training step keeps
+# Output:
+# ```text
+# 128x128 matmul, fastest of 5: float32 «time» us
+# bfloat16 takes «ratio» x the float32 time
+# float16  takes «ratio» x the float32 time
+# ```
+#
+# The ratios are your CPU's (times vary a little from run to run; the ratios' order of
+# magnitude does not). A bfloat16 ratio below 1 means the CPU multiplies bfloat16 in
+# hardware: AVX-512 BF16 or AMX instructions, which oneDNN (PyTorch's CPU library for such
+# kernels) uses when they are there. A ratio of tens means it has none: each product is
+# computed through conversions to float32 in a slower path. float16 is slower than float32 on most CPUs:
+# only recent server CPUs (AMX-FP16, AVX512-FP16) multiply it natively. The tests check
+# these directions against the flags your CPU reports. On GPUs the 16-bit formats are the
+# fast ones (this lesson's CUDA test measures fp32, TF32, fp16 and bf16 matmuls).
+
+# %% [markdown]
+# ## 5. A mixed-precision training step, in order
+#
+# Here are the pieces put together: a float16 step with a `GradScaler`, gradient clipping
+# and a learning-rate schedule. The order of the calls is the whole point:
+#
+# 1. `opt.zero_grad()`;
+# 2. the forward pass under autocast, the loss in float32;
+# 3. `scaler.scale(loss).backward()`: the gradients of `loss × scale`;
+# 4. `scaler.unscale_(opt)`: divide the gradients by the scale (and note any inf/NaN);
+# 5. clip the gradient norm, and log the norm `clip_grad_norm_` returns;
+# 6. `scaler.step(opt)`: the optimizer step, skipped if step 4 found inf/NaN;
+# 7. `scaler.update()`: halve or grow the scale (section 3);
+# 8. `sched.step()`: once per step, after the optimizer.
+#
+# The model is a small MLP (16 → 32 → 4) on random points labelled by which of their first
+# four coordinates is largest; SGD, learning rate 0.1 divided by the step number.
+#
+# **Predict.** What scale does each step use, and what gradient norm reaches the
+# optimizer when the clipping threshold is 0.5?
+
+
+# %%
+def make_model():
+    torch.manual_seed(1)  # the same initial weights for every run below
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+torch.manual_seed(2)
+xs = torch.randn(64, 16)  # (N, 16)
+ys = xs[:, :4].argmax(1)  # (N,) class = the largest of the first 4 features
+MAX_NORM = 0.5  # clip the gradient norm to this
+
+
+def train_step(model, opt, sched, scaler, x, y, dtype, clip_first=False):
+    """One step in the order above; clip_first=True clips before unscale_ (a bug)."""
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=dtype):
+        logits = model(x)  # (B, 4), 16-bit matmuls
+    loss = F.cross_entropy(logits.float(), y)  # the loss in float32 (section 4)
+    scaler.scale(loss).backward()  # gradients of loss * scale
+    if clip_first:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)  # scaled grads!
+        scaler.unscale_(opt)
+    else:
+        scaler.unscale_(opt)  # gradients / scale, in place; inf/NaN recorded
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)  # the true norm
+    used = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])  # what SGD gets
+    lr, scale = sched.get_last_lr()[0], scaler.get_scale()
+    scaler.step(opt)  # opt.step(), unless inf/NaN was found
+    scaler.update()
+    sched.step()
+    return {"lr": lr, "scale": scale, "loss": loss.item(), "norm": norm.item(), "used": used.item()}
+
+
+def train(dtype, use_scaler=True, clip_first=False, steps=4):
+    """[row per step] of a fresh model trained on batches of 16."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 / (1 + k))  # 0.1, 0.05, ...
+    scaler = torch.amp.GradScaler("cpu", enabled=use_scaler)  # disabled: scale 1, no checks
+    batches = zip(xs.split(16), ys.split(16))  # (16, 16) and (16,) each
+    return [train_step(model, opt, sched, scaler, x, y, dtype, clip_first)
+            for _, (x, y) in zip(range(steps), batches)]
+
+
+def show(rows):
+    for k, r in enumerate(rows, start=1):
+        print(f"step {k}: lr {r['lr']:.4f} scale {r['scale']:5.0f} loss {r['loss']:.3f} "
+              f"grad norm {r['norm']:.3f}, after clipping {r['used']:.3f}")
+
+
+fp16_rows = train(torch.float16)
+show(fp16_rows)
+
+# %% [markdown]
+# Output:
+# ```text
+# step 1: lr 0.1000 scale 65536 loss 1.513 grad norm 0.787, after clipping 0.500
+# step 2: lr 0.0500 scale 65536 loss 1.359 grad norm 0.684, after clipping 0.500
+# step 3: lr 0.0333 scale 65536 loss 1.324 grad norm 0.591, after clipping 0.500
+# step 4: lr 0.0250 scale 65536 loss 1.553 grad norm 0.900, after clipping 0.500
+# ```
+#
+# The scale stays at its initial 65,536: no gradient overflowed, and growth would take
+# 2,000 clean steps. The norm that `clip_grad_norm_` returns and that you log is the true
+# one, because `unscale_` ran first; every step's norm is above 0.5, so every step is
+# clipped to 0.5 before SGD uses it. `scaler.step` knows the gradients are already
+# unscaled and does not divide them again. The learning rate printed is the one the step
+# used: `sched.step()` comes last and sets the next one. (Losses and norms are printed to
+# 3 decimals; float16 products may differ in the last bits between CPUs.)
+#
+# **Predict.** Swap steps 4 and 5: clip first, then unscale. What norm does clipping see,
+# and what norm reaches the optimizer?
+
+# %%
+wrong_rows = train(torch.float16, clip_first=True)
+seen, true = wrong_rows[0]["norm"], fp16_rows[0]["norm"]  # the same first step and batch
+print(f"clip before unscale_: norm seen {seen:.3g} = {seen / true:.1f} x the true norm {true:.3f}")
+print(f"norm reaching SGD: {wrong_rows[0]['used']:.3g} = {MAX_NORM} / "
+      f"{MAX_NORM / wrong_rows[0]['used']:.0f}, instead of {fp16_rows[0]['used']:.3f}")
+
+# %% [markdown]
+# Output:
+# ```text
+# clip before unscale_: norm seen 5.16e+04 = 65536.0 x the true norm 0.787
+# norm reaching SGD: 7.63e-06 = 0.5 / 65536, instead of 0.500
+# ```
+#
+# Clipping saw the gradients of `loss × 65536`, so the norm it measured (and that you
+# would log) is 65,536 times the true one, and it cut the gradients down to norm 0.5 *in
+# scaled units*. `unscale_` then divided by 65,536: the optimizer stepped with a gradient
+# 65,536 times too small, and nothing failed. With SGD the model just stops learning; with
+# Adam, whose step divides by the gradient's own running size, the damage is harder to
+# see. Unscale first, then clip.
+#
+# ### bfloat16 needs no scaler
+#
+# Loss scaling exists because float16's range ends at 6e-8 (section 3). bfloat16 has
+# float32's range.
+#
+# **Predict.** Multiply the loss by 1e-7, so that every gradient is tiny (as the gradients
+# of a deep network's early layers can be). Which runs still get the gradient that float32
+# gets: float16 without a scaler, float16 with `GradScaler`'s 65,536, bfloat16 without one?
+
+
+# %%
+def tiny_grad_norm(dtype, scale=1.0):
+    """Norm of the (unscaled) gradients of 1e-7 * loss, forward under `dtype` autocast."""
+    model = make_model()
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        logits = model(xs[:16])  # (16, 4)
+    loss = 1e-7 * F.cross_entropy(logits.float(), ys[:16])
+    (loss * scale).backward()
+    return torch.nn.utils.get_total_norm([p.grad / scale for p in model.parameters()]).item()
+
+
+reference = tiny_grad_norm(torch.float32)
+tiny = {"float16, no scaler": tiny_grad_norm(torch.float16),
+        "float16, scale 65536": tiny_grad_norm(torch.float16, 2.0**16),
+        "bfloat16, no scaler": tiny_grad_norm(torch.bfloat16)}
+for name, value in tiny.items():
+    print(f"{name:21} gradient norm / float32's {value / reference:.2f}")
+bf16_rows = train(torch.bfloat16, use_scaler=False)
+bf16_losses = ", ".join(f"{r['loss']:.2f}" for r in bf16_rows)
+print(f"bfloat16, 4 steps without a scaler: scale {bf16_rows[0]['scale']:.0f}, losses {bf16_losses}")
+
+# %% [markdown]
+# Output:
+# ```text
+# float16, no scaler    gradient norm / float32's 0.00
+# float16, scale 65536  gradient norm / float32's 1.00
+# bfloat16, no scaler   gradient norm / float32's 1.00
+# bfloat16, 4 steps without a scaler: scale 1, losses 1.51, 1.36, 1.32, 1.55
+# ```
+#
+# In float16 every gradient of the logits (about 1e-8) rounds to 0 on its way back into
+# the float16 graph, and nothing upstream survives: the step would do nothing. Scaled by
+# 65,536 they become normal float16 numbers, and unscaling in float32 brings back the
+# float32 gradient. bfloat16 reaches down to 1e-38 like float32, so it keeps them with no
+# scaling at all: a bfloat16 recipe drops `GradScaler` (with `enabled=False`, as in the
+# last run, it passes everything through with a scale of 1), and the four bfloat16 steps
+# give the float16 run's losses to 2 decimals. bfloat16 pays in precision
+# instead, 8 bits against float16's 11, which is why the weights and the sums stay in
+# float32 (section 2).
+
+# %% [markdown]
+# ## 6. What a training step keeps
 #
 # Take an MLP 1024 → 4096 → 1024 (8,393,728 parameters) trained with AdamW under CPU
 # bfloat16 autocast, the usual PyTorch recipe: float32 parameters, bfloat16 matmuls. We
@@ -407,7 +678,7 @@ def weight_copies(saved, model):
 
 mlp = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024))
 opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
-batch = torch.randn(2, 1024)  # (B, 1024): a tiny batch, bf16 matmuls are slow on this CPU
+batch = torch.randn(2, 1024)  # (B, 1024): a tiny batch (bf16 may be slow here, section 4)
 saved = []  # everything autograd keeps for backward
 with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -472,12 +743,15 @@ for name, t in copies:
 # parameter of the model. The first layer's copy is not saved, because its input `batch`
 # needs no gradient, and the weight is only needed to compute that one. In a deep network
 # every layer but the first has a requires-grad input, so the saved copies approach 2 bytes
-# per parameter, on top of the activations. And the split matters when gradients travel:
-# float32 gradients make a data-parallel all-reduce move 4 bytes per parameter, which is
-# why sharded setups often reduce them in 16 bits (lesson 11, FSDP2 mixed precision).
+# per parameter, on top of the activations. And the split matters when tensors travel
+# between processes: float32 gradients make a data-parallel all-reduce move 4 bytes per
+# parameter. Reducing them in 16 bits would halve that, but a sum of many ranks'
+# gradients in bfloat16 drops small contributions as section 2's sum did. Lesson 11's
+# FSDP2 setup splits it the way this section does: it gathers the weights for compute in
+# bfloat16 (2 bytes per parameter) and reduces the gradients in float32.
 
 # %% [markdown]
-# ## 6. AdamW is a few lines of NumPy
+# ## 7. AdamW is a few lines of NumPy
 #
 # The state counted above, `exp_avg` and `exp_avg_sq`, is Adam's first and second moment.
 # Here is AdamW written out in NumPy, trained side by side with `torch.optim.AdamW` on a
@@ -577,7 +851,7 @@ print(f"validation accuracy: torch {acc:.3f}, numpy {acc_np:.3f}")
 # classifier cannot be perfect: 86.5% of the validation points land on their own side.
 
 # %% [markdown]
-# ## 7. Picture it: three number lines
+# ## 8. Picture it: three number lines
 #
 # **Predict.** On a log scale from 1e-46 to 1e39, where does each format hold normal
 # numbers, where only subnormals, and where does it overflow?
@@ -638,11 +912,20 @@ print("saved formats.png")
 #   `GradScaler` starts at 2**16, skips the step and halves on inf/NaN, doubles after
 #   `growth_interval` clean steps; a dozen lines reproduce its decisions exactly.
 # - CPU autocast runs linear/matmul in bfloat16, keeps softmax and layer_norm in their
-#   input dtype (CUDA's lists put them in float32), and returns float32 cross-entropy.
-#   Compute the loss on `logits.float()`.
+#   input dtype (CUDA's lists put them in float32), and returns float32 cross-entropy:
+#   on the CPU because `cross_entropy_loss` is on its float32 list, on CUDA because the op
+#   decomposes into `log_softmax` and `nll_loss`, which are on CUDA's. Compute the loss on
+#   `logits.float()`.
+# - Whether a 16-bit matmul is faster than float32 on a CPU depends on its instructions
+#   (AVX-512 BF16, AMX): measure it. Without them it can be tens of times slower.
+# - The step's order: zero grads, forward under autocast, `scaler.scale(loss).backward()`,
+#   `scaler.unscale_(opt)`, clip (and log the norm), `scaler.step`, `scaler.update`,
+#   `sched.step()`. Clipping before `unscale_` clips scaled gradients: the optimizer then
+#   gets a gradient `scale` times too small. bfloat16 keeps tiny gradients without a scaler.
 # - A mixed-precision AdamW step keeps 16 bytes per parameter (4 weights, 4 gradients,
 #   8 moments), plus the bfloat16 weight copies saved for backward during the step.
-# - `torch.optim.AdamW` matches a few lines of NumPy to ~4e-16 in float64, step after step.
+# - `torch.optim.AdamW` matches a few lines of NumPy to rounding level in float64, step
+#   after step.
 # - On a GPU, this lesson's tests time matmuls in fp32, tf32, fp16 and bf16 and check the
 #   CUDA autocast dtypes (`make test-gpu`).
 #

@@ -6,6 +6,7 @@ import math
 import random
 import statistics
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -56,6 +57,16 @@ def test_bfloat16_accumulation_stalls(lesson):
     assert lesson.ns["stored"](1 + 1e-4, torch.bfloat16) == 1  # every addition rounds away
 
 
+def test_float32_drift_is_839_steps_per_addition(lesson):
+    ns = lesson.ns
+    assert ns["ulp"] == 2.0**-23  # the step in [1, 2), not 2**-22 (the step in [2, 4))
+    assert ns["moved"] == 839 * 2.0**-23
+    # all partial sums but the last two are in [1, 2): 1 + k * 839 steps < 2 for k <= 9998
+    assert 1 + 9998 * ns["moved"] < 2 <= 1 + 9999 * ns["moved"]
+    # the drift the lesson prints comes from those steps
+    assert abs(ns["sums"]["float32"] - (1 + 10_000 * ns["moved"])) < 1e-6
+
+
 def test_loss_scaling_keeps_small_gradients(lesson):
     g, plain, scaled = lesson.ns["g"], lesson.ns["plain"], lesson.ns["scaled"]
     assert plain[0] == 0 and abs(plain[1] / g[1] - 1) > 0.05 and plain[2] == pytest.approx(g[2], rel=1e-3)
@@ -95,6 +106,89 @@ def test_cpu_autocast_dtypes(lesson):
     assert d["linear(x fp32)"] == d["x @ w.T"] == bf16
     assert d["softmax(logits)"] == d["layer_norm(logits)"] == bf16  # input dtype kept on CPU
     assert d["softmax(x fp32)"] == f32 and d["cross_entropy(logits)"] == f32
+
+
+def test_autocast_rules_per_device(lesson):
+    rule = lesson.ns["autocast_rule"]
+    assert rule("aten::cross_entropy_loss", "AutocastCPU") and not rule("aten::cross_entropy_loss", "AutocastCUDA")
+    for op in ("aten::log_softmax.int", "aten::nll_loss", "aten::softmax.int", "aten::layer_norm"):
+        assert rule(op, "AutocastCUDA"), op
+    assert not rule("aten::softmax.int", "AutocastCPU") and not rule("aten::layer_norm", "AutocastCPU")
+    assert lesson.ns["composite"] is True
+    assert not rule("aten::relu", "AutocastCPU")  # not every op has a rule: a rule is an entry
+
+
+def cpu_flags():
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return set()
+    return set(next((ln for ln in text.splitlines() if ln.startswith("flags")), ":").split(":")[1].split())
+
+
+def test_16bit_matmul_cost(lesson):
+    ns = lesson.ns
+    t, out = ns["mm_time"], ns["mm_out"]
+    assert set(t) == {"float32", "float16", "bfloat16"} and all(v > 0 for v in t.values())
+    exact = ns["a32"].double() @ ns["b32"].double()
+    for name, tol in [("float32", 1e-4), ("bfloat16", 0.1), ("float16", 0.02)]:
+        assert out[name].dtype == ns["FORMATS"][name]  # a real 16-bit product was timed
+        gap = ((out[name].double() - exact).abs().max() / exact.abs().max()).item()
+        assert gap < tol, (name, gap)
+    assert out["bfloat16"].double().sub(exact).abs().max() > out["float32"].double().sub(exact).abs().max()
+    # the direction the prose describes, from what the CPU and PyTorch report
+    cap, bf16 = torch.backends.cpu.get_cpu_capability(), t["bfloat16"] / t["float32"]
+    if cap == "AVX512" and torch.cpu._is_avx512_bf16_supported():
+        assert bf16 < 2, bf16  # bf16 in hardware: about as fast as fp32, or faster
+    elif not torch.cpu._is_avx512_bf16_supported() and not torch.cpu._is_amx_tile_supported():
+        assert bf16 > 2, bf16  # emulated
+    native_fp16 = torch.cpu._is_amx_fp16_supported() or "avx512_fp16" in cpu_flags()
+    if not native_fp16:
+        assert t["float16"] / t["float32"] > 2
+
+
+def test_training_step_in_order(lesson):
+    ns = lesson.ns
+    rows, max_norm = ns["fp16_rows"], ns["MAX_NORM"]
+    assert [r["scale"] for r in rows] == [2.0**16] * 4  # GradScaler's default, no overflow
+    assert [r["lr"] for r in rows] == pytest.approx([0.1, 0.05, 0.1 / 3, 0.025])
+    for r in rows:
+        assert r["norm"] > max_norm and r["used"] == pytest.approx(max_norm, rel=1e-5)
+    # clipping before unscale_ sees the scaled norm and leaves a gradient scale times too small
+    wrong, true = ns["wrong_rows"][0], rows[0]
+    assert wrong["norm"] == pytest.approx(2.0**16 * true["norm"], rel=1e-6)
+    assert wrong["used"] == pytest.approx(max_norm / 2.0**16, rel=1e-4)
+    assert wrong["loss"] == true["loss"]  # the same first forward pass
+
+
+def test_train_step_skips_and_backs_off_on_overflow(lesson):
+    """The lesson's step on a batch that overflows float16: no update, scale halved, lr moves on."""
+    ns = lesson.ns
+    model = ns["make_model"]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 / (1 + k))
+    scaler = torch.amp.GradScaler("cpu")
+    before = [p.detach().clone() for p in model.parameters()]
+    x = ns["xs"][:16] * 3e4  # activations overflow float16 in the forward pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the scheduler warns: its step came before any opt.step
+        ns["train_step"](model, opt, sched, scaler, x, ns["ys"][:16], torch.float16)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert scaler.get_scale() == 2.0**15 and sched.get_last_lr()[0] == pytest.approx(0.05)
+    # and a clean step afterwards does update
+    ns["train_step"](model, opt, sched, scaler, ns["xs"][:16], ns["ys"][:16], torch.float16)
+    assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_bfloat16_needs_no_scaler(lesson):
+    ns = lesson.ns
+    tiny = ns["tiny"]
+    assert ns["reference"] > 0 and tiny["float16, no scaler"] == 0  # everything underflowed
+    assert tiny["float16, scale 65536"] == pytest.approx(ns["reference"], rel=0.01)
+    assert tiny["bfloat16, no scaler"] == pytest.approx(ns["reference"], rel=0.02)
+    bf16 = ns["bf16_rows"]
+    assert all(r["scale"] == 1.0 for r in bf16)  # a disabled scaler passes gradients through
+    assert [r["loss"] for r in bf16] == pytest.approx([r["loss"] for r in ns["fp16_rows"]], abs=0.02)
 
 
 def test_loss_on_fp32_logits(lesson):
@@ -338,8 +432,38 @@ def test_matmul_tflops_per_dtype(device):
         torch.set_float32_matmul_precision(before)
     print(f"{device} 4096x4096 matmul: " + ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in rates.items()))
     assert all(v > 0 for v in rates.values()) and "fp32" in rates
-    if device == "cuda":
-        assert rates["fp16"] > rates["fp32"]  # tensor cores: 16-bit products are much faster
+    major, minor = torch.cuda.get_device_capability() if device == "cuda" else (0, 0)
+    if major >= 8 and minor == 0:  # A100, H100/H200, B200: data-centre tensor cores at full rate
+        # (GeForce parts run TF32 at about their fp32 rate and 16-bit products with fp32
+        # accumulation at about twice it, so these margins are for data-centre parts only)
+        assert rates["fp16"] > 2 * rates["fp32"], rates
+        assert rates["bf16"] > 2 * rates["fp32"], rates
+        # TF32 rounds fp32 inputs to a 10-bit mantissa and runs them on tensor cores
+        assert rates["tf32"] > 1.5 * rates["fp32"], rates
+        assert rates["bf16"] > rates["tf32"], rates  # twice TF32's tensor-core rate
+    elif device == "cuda":
+        assert rates["fp16"] > 0.5 * rates["fp32"], rates  # at least not a broken path
+
+
+@pytest.mark.cuda
+def test_tf32_is_what_high_precision_means():
+    """TF32 is a precision, not only a speed: 'high' makes fp32 matmuls measurably less exact."""
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("TF32 needs compute capability 8.0 (Ampere) or later")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(1024, 1024, device="cuda", generator=gen)  # (n, n) fp32
+    b = torch.randn(1024, 1024, device="cuda", generator=gen)
+    exact = a.double() @ b.double()
+    before = torch.get_float32_matmul_precision()
+    try:
+        errors = {}
+        for precision in ("highest", "high"):
+            torch.set_float32_matmul_precision(precision)
+            errors[precision] = ((a @ b).double() - exact).abs().max().item()
+    finally:
+        torch.set_float32_matmul_precision(before)
+    print(f"cuda 1024^2 matmul max error: fp32 {errors['highest']:.2e}, tf32 {errors['high']:.2e}")
+    assert errors["high"] > 10 * errors["highest"]  # 10 mantissa bits against 23
 
 
 @pytest.mark.cuda
