@@ -3,29 +3,46 @@
 #   make test           install if needed, then run the whole CPU test suite
 #   make lesson N=01    run one lesson
 #   make exercises N=01 check your answers in lessons/01_*/exercises.py
+#   make outputs N=01   rewrite lesson 01's Output blocks from what it prints now (all: no N)
 #   make notebooks      regenerate every notebook from its script
+#   make drift TORCH=2.14.1  run every lesson's output check on another torch (build/drift-*.md)
+#   make clean-venv     remove the venv (e.g. one made by a too-old Python)
 #   make readme         regenerate the README's course map from lessons/course.toml
 #   make test-gpu       the CUDA / MPS / multi-GPU tests (skipped with reasons on a CPU machine)
+#   make test-portable  the documented outputs under simulated AVX2 / no-vector CPUs
+#   make test-pythons   the suite on Python 3.12 and 3.13 too (venvs under build/)
 #   make soak           30 consecutive 2-rank launches: the teardown must never abort
 
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# pip's progress shows on a terminal; in a log (CI, a pipe) pip stays quiet.
+PIP_INSTALL = $(PY) -m pip install --disable-pip-version-check $$(test -t 1 || echo --quiet) \
+	$$($(PY) scripts/deps.py dev)
 # pytest-xdist: two workers on two cores; a lesson's tests stay in one worker (its script
 # and notebook run once per test module).
 PYTEST := $(PY) -m pytest -n 2 --dist loadfile
 
-.PHONY: install lessons lesson test test-slow test-gpu exercises notebooks readme soak clean
+.PHONY: install lessons lesson test test-slow test-gpu exercises outputs notebooks readme drift \
+	soak clean clean-venv test-portable test-pythons
 
+# The stamp says the venv was made; the pins are re-checked on every `make install` (and so
+# before every target that needs it): another torch in the venv is reinstalled at its pin.
 install: $(STAMP)
+	@$(PY) scripts/deps.py --verify dev || { \
+		echo "Reinstalling the pinned packages into $(VENV): this may take a few minutes"; \
+		$(PIP_INSTALL) && $(PY) scripts/deps.py --verify dev; }
 
 # venv + pip, not uv or poetry: `pip install torch==2.13.0` takes the CPU wheel, where the
 # others would download a multi-GB CUDA build. The .pth file puts the repository root on the
 # venv's path so that `scripts` imports from anywhere (pytest's plugin, the notebook tools).
+# Python < 3.11 is refused before anything is created.
 $(STAMP): pyproject.toml scripts/deps.py
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check $$($(PYTHON) scripts/deps.py dev)
+	@$(PYTHON) scripts/deps.py --check-python $(VENV)
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) scripts/deps.py --announce $(VENV) dev
+	$(PIP_INSTALL)
 	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" | \
 		xargs -I{} sh -c 'echo "$(CURDIR)" > "{}/course-root.pth"'
 	touch $(STAMP)
@@ -34,7 +51,7 @@ lessons: install
 	$(PY) -m scripts.run_lessons
 
 lesson: install
-	$(PY) -m scripts.run_lessons --show $(N)
+	@$(PY) -m scripts.run_lessons --show "$(N)"
 
 test: install
 	$(PYTEST) -m "not slow"
@@ -46,7 +63,10 @@ test-gpu: install
 	$(PY) -m pytest -m "cuda or mps or multigpu"
 
 exercises: install
-	$(PY) -m scripts.exercises $(N)
+	@$(PY) -m scripts.exercises "$(N)"
+
+outputs: install
+	$(PY) -m scripts.outputs $(N)
 
 notebooks: install
 	$(PY) -m scripts.notebooks
@@ -54,8 +74,31 @@ notebooks: install
 readme: install
 	$(PY) -m scripts.readme
 
+# A separate venv under build/ with the candidate torch; the course's venv is not touched.
+drift: install
+	$(PY) -m scripts.drift $(TORCH)
+
+# The portability gate: every lesson's documented outputs under simulated other CPUs (AVX2,
+# no vector ISA), each with a fresh Inductor cache. `.ci/run` runs it after `make test`.
+test-portable: install
+	$(PY) -m scripts.portable
+
+# The suite on other Pythons, each in its own venv under build/ (on a machine without a CPU
+# wheel for them, pip takes torch's CUDA build: ~5 GB and a few minutes each).
+PYTHONS ?= $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3 $(HOME)/.pyenv/versions/3.13.*/bin/python3)
+test-pythons:
+	@test -n "$(PYTHONS)" || { echo "no other Python found: make test-pythons PYTHONS='/path/to/python3.12 ...'"; exit 2; }
+	@set -e; for py in $(PYTHONS); do \
+		v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+		echo "== Python $$v ($$py): make test VENV=build/venv-$$v"; \
+		$(MAKE) --no-print-directory test PYTHON=$$py VENV=build/venv-$$v; \
+	done
+
 soak: install
 	$(PY) -m scripts.soak --runs 30
 
 clean:
 	rm -rf build .pytest_cache
+
+clean-venv:
+	rm -rf $(VENV)

@@ -58,11 +58,22 @@ def ready() -> list[Lesson]:
     return [lesson for lesson in load() if lesson.status == "ready"]
 
 
+class UnknownLesson(KeyError):
+    """``N`` names no lesson: the message is one line listing the valid numbers and titles."""
+
+    def __str__(self) -> str:  # KeyError's own str() would quote the message
+        return str(self.args[0])
+
+
 def find(number: str) -> Lesson:
-    for lesson in load():
-        if lesson.number == number.zfill(2):
+    """The lesson numbered ``number`` ("01" or "1"); UnknownLesson names the valid ones."""
+    lessons = load()
+    for lesson in lessons:
+        if number.strip().isdigit() and lesson.number == number.strip().zfill(2):
             return lesson
-    raise KeyError(f"no lesson {number!r} in {MANIFEST.relative_to(ROOT)}")
+    valid = ", ".join(f"{lesson.number} {lesson.title}" for lesson in lessons)
+    given = f"no lesson {number!r}" if number.strip() else "say which lesson with N=NN"
+    raise UnknownLesson(f"{given}: N is one of {valid}")
 
 
 def lesson_scripts() -> list[Path]:

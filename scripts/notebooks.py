@@ -1,10 +1,16 @@
 """Generate each lesson's notebook from its script, or check that none is stale.
 
-    python -m scripts.notebooks           # write every lessons/NN_slug/slug.ipynb
+    python -m scripts.notebooks           # write every lessons/NN_slug/slug.ipynb that changed
     python -m scripts.notebooks --check   # exit 1 naming each stale notebook
 
 Notebooks are committed without outputs, with cell ids numbered in order and no jupytext
 metadata, so regenerating an unchanged script writes the same bytes (no git diff).
+
+In the notebook, each expected block of an ``Output:`` cell is collapsed in a
+``<details><summary>Expected output</summary>`` element, so that a student predicts before
+seeing the answer (a notebook renders markdown before the cell above it runs); prose after
+the block stays visible. The script keeps its plain form, and the checker takes the
+expected blocks from the script.
 """
 
 from __future__ import annotations
@@ -16,9 +22,27 @@ from pathlib import Path
 import jupytext
 import nbformat
 
+from scripts.checker import fenced_blocks
 from scripts.manifest import ROOT, lesson_scripts
 
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+SUMMARIES = {None: "Expected output", "no-vector-isa": "Expected output on a CPU without vector instructions"}
+
+
+def collapse_expected(markdown: str) -> str:
+    """An Output: cell with each fenced ``text`` block inside a collapsed <details>."""
+    lines = markdown.splitlines()
+    if not lines or lines[0].strip() != "Output:":
+        return markdown
+    for condition, (start, end) in sorted(fenced_blocks(lines).items(), key=lambda b: -b[1][0]):
+        summary = SUMMARIES.get(condition, f"Expected output when {condition}")
+        # Blank lines around the fences (markdown inside an HTML block renders only so) and
+        # around the element (an HTML block runs on to the next blank line).
+        after = [""] if end + 1 < len(lines) and lines[end + 1].strip() else []
+        before = [""] if lines[start - 2].strip() else []
+        lines[end + 1 : end + 1] = ["", "</details>", *after]
+        lines[start - 1 : start - 1] = [*before, f"<details><summary>{summary}</summary>", ""]
+    return "\n".join(lines)
 
 
 def build(script: Path) -> nbformat.NotebookNode:
@@ -29,6 +53,8 @@ def build(script: Path) -> nbformat.NotebookNode:
         cell.metadata = nbformat.from_dict({})
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+        else:
+            cell.source = collapse_expected(cell.source)
     return nb
 
 
@@ -50,6 +76,21 @@ def stale(scripts: list[Path]) -> list[Path]:
     return out
 
 
+def write(scripts: list[Path]) -> list[Path]:
+    """Regenerate the notebooks of ``scripts``; return those whose bytes changed."""
+    changed = []
+    for script in scripts:
+        nb, text = notebook_path(script), render(script)
+        if not nb.exists() or nb.read_text() != text:
+            nb.write_text(text)
+            changed.append(nb)
+    return changed
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report stale notebooks")
@@ -60,9 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         for nb in bad:
             print(f"stale notebook: {nb.relative_to(ROOT)} (regenerate with `make notebooks`)")
         return 1 if bad else 0
-    for script in scripts:
-        notebook_path(script).write_text(render(script))
-        print(f"wrote {notebook_path(script).relative_to(ROOT)}")
+    changed = write(scripts)
+    for nb in changed:
+        print(f"wrote {shown(nb)}")
+    print(f"{len(changed)} of {len(scripts)} notebooks changed")
     return 0
 
 

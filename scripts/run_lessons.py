@@ -17,7 +17,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from scripts.manifest import BUILD, ROOT, Lesson, find, ready, tool_env
+from scripts.deps import pin_problems
+from scripts.manifest import BUILD, ROOT, Lesson, UnknownLesson, find, ready, tool_env
 
 
 @dataclass
@@ -61,11 +62,24 @@ def table(results: list[Result]) -> str:
     return "\n".join(rows)
 
 
+def torch_problem() -> str | None:
+    """One line when the installed torch is not the course's pin, else None."""
+    torch_pin = [p for p in pin_problems([]) if p.startswith("torch ")]
+    return f"{torch_pin[0]}: run `make install`" if torch_pin else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the course's lessons in order.")
     parser.add_argument("--show", metavar="N", help="run lesson N only, showing its output")
     args = parser.parse_args(argv)
-    lessons = [find(args.show)] if args.show else ready()
+    try:
+        lessons = [find(args.show)] if args.show is not None else ready()
+    except UnknownLesson as e:
+        print(e, file=sys.stderr)
+        return 2
+    if problem := torch_problem():
+        print(problem, file=sys.stderr)
+        return 2
     results = []
     for i, lesson in enumerate(lessons, start=1):
         if lesson.status != "ready":
