@@ -42,10 +42,11 @@ $(STAMP): pyproject.toml scripts/deps.py
 	@$(PYTHON) scripts/deps.py --check-python $(VENV)
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) scripts/deps.py --announce $(VENV) dev
-	$(PIP_INSTALL)
-	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" | \
+	@$(PIP_INSTALL)
+	@$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" | \
 		xargs -I{} sh -c 'echo "$(CURDIR)" > "{}/course-root.pth"'
-	touch $(STAMP)
+	@touch $(STAMP)
+	@echo "Installed: $(VENV) holds the course's pinned packages."
 
 lessons: install
 	$(PY) -m scripts.run_lessons
