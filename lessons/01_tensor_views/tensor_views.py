@@ -11,9 +11,11 @@
 # - what storage, sizes, strides, storage offset, dtype and device are, and how to print them;
 # - why PyTorch counts strides in elements and NumPy in bytes;
 # - why a transpose or a slice costs nothing, and why writing through it changes the base;
-# - when `view` works, when it fails, and what `reshape` and `contiguous()` copy;
-# - what the [B, S, H] → [B, H, S] permute of attention does to memory, and what a later
-#   op must do about it.
+# - what "contiguous" means exactly, and when `view` works, when it fails, and what
+#   `reshape` and `contiguous()` copy;
+# - what the [B, S, H] → [B, H, S] permute of attention does to memory, which op copies
+#   because of it without saying so (`q @ kᵀ`), which one reads it as it is (SDPA), and
+#   what the hidden copies cost.
 #
 # **Prerequisites:** Python, and tensor basics (`torch.arange`, indexing, `.shape`).
 #
@@ -24,12 +26,15 @@
 
 # %%
 import itertools
+import math
 import os
+import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+import torch.nn.functional as F
 from matplotlib.patches import Rectangle
 
 torch.manual_seed(0)
@@ -47,6 +52,12 @@ def storage_values(t):
     """The whole storage under t, in storage order, as a 1-D view (no copy)."""
     n = t.untyped_storage().nbytes() // t.element_size()
     return t.as_strided((n,), (1,), 0)  # offset 0 here is absolute: the storage's start
+
+
+def positions(t):
+    """The storage position each element of t reads, in row-major order (asks PyTorch)."""
+    probe = torch.arange(len(storage_values(t)))  # cell p holds the value p
+    return probe.as_strided(t.shape, t.stride(), t.storage_offset()).flatten().tolist()
 
 
 def first_sentence(err):
@@ -135,8 +146,8 @@ print(f"x[1, 0] = {x[1, 0].item()}  y[0, 1] = {y[0, 1].item()}")
 # The transpose swapped the sizes *and* the strides, nothing else. Both tensors point to
 # the same 48 bytes (we compare the storages' start addresses rather than print them: an
 # address changes from run to run). The value 3 is storage position 3: `x` reaches it as
-# `0 + 3*1 + 1*0` and `y` as `0 + 1*0 + 3*1`. `y` is *not contiguous*: walking it in
-# row-major order (0, 3, 1, 4, 2, 5) jumps around its storage instead of reading it in order.
+# `0 + 3*1 + 1*0` and `y` as `0 + 1*0 + 3*1`. `y` is *not contiguous*: a new tensor of
+# shape (3, 2) would get strides (2, 1), and `y` has (1, 3). Section 3 states the rule.
 
 # %% [markdown]
 # ## 3. A slice is a view with an offset
@@ -165,6 +176,43 @@ print(f"same storage: {same_storage(m, row) and same_storage(m, col) and same_st
 # at cell 1 and jumps a whole row (4 cells) per step. Taking every other column doubles
 # the column stride to 2. A slice is a new offset and new strides over the same storage:
 # no numbers are copied, whatever the step.
+#
+# **Predict.** Read in row-major order, `m[:, ::2]` visits storage cells 0, 2, 4, 6, 8, 10:
+# always forward. Is it contiguous? And the last row, `m[2:]`, which starts 8 cells in? And
+# `m[1:2].t()`, the (4, 1) transpose of a one-row slice?
+
+
+# %%
+def contiguous_by_rule(t):
+    """Every dimension of size > 1 has the stride a new tensor of t's shape would get."""
+    fresh = torch.empty(t.shape).stride()  # the contiguous strides of t's shape
+    return t.numel() == 0 or all(s == c for n, s, c in zip(t.shape, t.stride(), fresh) if n != 1)
+
+
+print(f"{'tensor':<11} {'positions read':<20} {'strides':<8} {'new tensor':<11} is_contiguous  rule")
+for name, t in [("m[:, ::2]", m[:, ::2]), ("m[2:]", m[2:]), ("m[1:2].t()", m[1:2].t()), ("y = x.t()", y)]:
+    print(f"{name:<11} {str(positions(t)):<20} {str(t.stride()):<8} "
+          f"{str(torch.empty(t.shape).stride()):<11} {t.is_contiguous()!s:<14} {contiguous_by_rule(t)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# tensor      positions read       strides  new tensor  is_contiguous  rule
+# m[:, ::2]   [0, 2, 4, 6, 8, 10]  (4, 2)   (2, 1)      False          False
+# m[2:]       [8, 9, 10, 11]       (4, 1)   (4, 1)      True           True
+# m[1:2].t()  [4, 5, 6, 7]         (1, 4)   (1, 1)      True           True
+# y = x.t()   [0, 3, 1, 4, 2, 5]   (1, 3)   (2, 1)      False          False
+# ```
+#
+# Contiguous does not mean "reads storage in increasing order": `m[:, ::2]` does, and is not
+# contiguous, because it skips cells. The rule PyTorch applies is about strides: a tensor
+# is contiguous when each dimension of size greater than 1 has the stride that a new tensor
+# of the same shape would get (column `new tensor`, the strides `torch.empty(shape)` gets).
+# Equivalently, reading it in row-major order visits consecutive storage cells, one after
+# the other. The offset does not matter (`m[2:]` starts at cell 8 and is contiguous), and
+# neither does the stride of a size-1 dimension, which is never used to move: `m[1:2].t()`
+# has strides (1, 4), but its second dimension has one element. `contiguous_by_rule` is that
+# rule in two lines; the tests check it against `is_contiguous()` on hundreds of views.
 #
 # **Predict.** A stride can even be 0. `torch.arange(3).expand(2, 3)` shows two rows; how
 # many bytes does it hold, and what is the stride that moves from row 0 to row 1?
@@ -249,8 +297,8 @@ print(f"x.reshape(-1) same storage: {same_storage(x.reshape(-1), x)}")
 # aliasing. On `x`, which is contiguous, `reshape(-1)` is just a view. So `reshape` may or
 # may not alias its input; if you write to the result, know which.
 #
-# **Predict.** `contiguous()` returns a tensor whose storage order is its row-major order.
-# What does it do for `y`, and for `x`, which already is contiguous?
+# **Predict.** `contiguous()` returns a contiguous tensor (section 3's rule) with the same
+# values. What does it do for `y`, and for `x`, which already is contiguous?
 
 # %%
 yc = y.contiguous()  # (3, 2), a copy laid out row by row
@@ -272,8 +320,9 @@ print(f"x.contiguous() is x: {x.contiguous() is x}  same storage: {same_storage(
 # ## 6. The attention layout
 #
 # A projection in a transformer gives queries laid out as (B, S, H·D): batch, sequence,
-# heads × head size. Splitting the last dimension into (H, D) is a view. Attention kernels
-# want the heads before the sequence, (B, H, S, D), so the code swaps S and H.
+# heads × head size. Splitting the last dimension into (H, D) is a view. Attention works on
+# one (S, D) matrix per batch and head, so the code puts the heads before the sequence,
+# (B, H, S, D), by swapping S and H.
 #
 # **Predict.** With B=2, S=4, H=3, D=5, what are the strides of `q` (B, S, H, D) and of
 # `qh = q.transpose(1, 2)` (B, H, S, D)? Is `qh` contiguous? Is it a copy?
@@ -296,8 +345,9 @@ print(f"same storage: {same_storage(qh, proj)}")
 # ```
 #
 # `qh` is a permuted view: its strides (60, 5, 15, 1) are `q`'s strides in a new order, not
-# decreasing any more. Elementwise ops and many kernels accept such a view (they read it
-# through the strides); the cost shows up when an op needs a particular layout.
+# decreasing any more. An op that reads its input through the strides takes such a view
+# as it is; an op that needs another layout has to copy first. Which one happens is not
+# visible in your code, as the rest of this section shows.
 #
 # **Predict.** A batched matmul wants 3-D input: can `qh.view(B * H, S, D)` merge the batch
 # and head dimensions without copying? And after `.contiguous()`?
@@ -326,9 +376,125 @@ print(f"view(B*H, S, D) shape {tuple(q3.shape)}  strides {q3.stride()}  "
 #
 # Merging B and H would need one stride that steps over heads (5) and over batches (60)
 # evenly; 60 ≠ 3 × 5, so `view` refuses. `contiguous()` pays a copy of every element
-# (each byte read once and written once, on any device), after which the merge is a free
-# view.
+# (each byte read once and written once), after which the merge is a free view.
 # `reshape(B * H, S, D)` would do the same copy silently.
+#
+# **Predict.** Attention's first product is the scores, `q @ kᵀ`: one (S, S) matrix per
+# batch and head. Written as `qh @ kh.transpose(-2, -1)` on the permuted views, does it
+# copy anything? And PyTorch's fused attention, `F.scaled_dot_product_attention(qh, kh, vh)`,
+# on the same views? The profiler records every ATen op a call runs, nested ones included.
+
+
+# %%
+def calls_and_copies(fn, top):
+    """The ops that the ATen op `top` calls directly when fn runs, and the destination shape
+    of every `aten::copy_` run anywhere inside fn (the profiler sees nested calls)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    events = prof.events()
+    calls = [e.name.removeprefix("aten::") for e in next(e for e in events if e.name == top).cpu_children]
+    return calls, [tuple(e.input_shapes[0]) for e in events if e.name == "aten::copy_"]
+
+
+kh = torch.randn(B, S, H * D, device=DEVICE).view(B, S, H, D).transpose(1, 2)  # (B, H, S, D) view
+vh = torch.randn(B, S, H * D, device=DEVICE).view(B, S, H, D).transpose(1, 2)  # (B, H, S, D) view
+attention_calls = {
+    "qh @ kh.transpose(-2, -1)": (lambda: qh @ kh.transpose(-2, -1), "aten::matmul"),
+    "F.scaled_dot_product_attention(qh, kh, vh)":
+        (lambda: F.scaled_dot_product_attention(qh, kh, vh), "aten::scaled_dot_product_attention"),
+}
+for name, (fn, top) in attention_calls.items():
+    calls, copied = calls_and_copies(fn, top)
+    copied_bytes = sum(math.prod(shape) * qh.element_size() for shape in copied)
+    print(f"{name}\n  {top} calls: {', '.join(calls)}")
+    into = f", into {' and '.join(map(str, copied))}: {copied_bytes} bytes" if copied else ""
+    print(f"  copies: {len(copied)}{into}")
+
+# %% [markdown]
+# Output:
+# ```text
+# qh @ kh.transpose(-2, -1)
+#   aten::matmul calls: expand, reshape, expand, reshape, bmm, _unsafe_view
+#   copies: 2, into (2, 3, 4, 5) and (2, 3, 5, 4): 960 bytes
+# F.scaled_dot_product_attention(qh, kh, vh)
+#   aten::scaled_dot_product_attention calls: _scaled_dot_product_flash_attention_for_cpu
+#   copies: 0
+# ```
+#
+# `matmul` is a composite op: it is written in terms of other ATen ops (lesson 02). For 4-D
+# operands it expands both to a common batch shape and reshapes them to 3-D, (B·H, S, D)
+# and (B·H, D, S), for one batched matrix multiply, `bmm`. Those reshapes merge B and H,
+# the merge that `view` refused above, so each falls back to a copy: both operands are
+# copied on every call, and nothing in the code says so. SDPA takes the permuted views as
+# they are: its CPU kernel reads `q`, `k` and `v` through their strides and copies nothing.
+# So swapping S and H costs nothing when the op that consumes the views accepts strides, and
+# a `.contiguous()` before SDPA would only add a copy.
+#
+# **Predict.** What do the hidden copies cost? Time `q @ kᵀ` on permuted views and on
+# inputs that are already contiguous in (B, H, S, D), at the size of one GPT-2-small
+# attention layer, on one thread.
+
+
+# %%
+def fastest_ms(fns, repeats=30):
+    """{name: fastest of `repeats` calls in ms}; the calls take turns, so that a burst of
+    load on the machine slows them all alike, and the fastest call is the least disturbed."""
+    best = dict.fromkeys(fns, float("inf"))
+    for fn in fns.values():
+        fn()  # warm-up: first-call allocations
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], (time.perf_counter() - t0) * 1e3)
+    return best
+
+
+def heads(shape, gen):
+    """A (B, H, S, D) view of a new (B, S, H*D) projection, as in a transformer."""
+    b, h, s, d = shape
+    return torch.randn(b, s, h * d, generator=gen).view(b, s, h, d).transpose(1, 2)
+
+
+def layout_times(shape=(4, 12, 128, 64), repeats=30):
+    """Scores and SDPA on permuted views and on contiguous (B, H, S, D) copies, on the CPU."""
+    gen = torch.Generator().manual_seed(0)
+    qv, kv, vv = (heads(shape, gen) for _ in range(3))  # (B, H, S, D) permuted views
+    qc, kc, vc = (t.contiguous() for t in (qv, kv, vv))  # (B, H, S, D) contiguous copies
+    return fastest_ms({
+        "scores, views": lambda: qv @ kv.transpose(-2, -1),
+        "scores, contiguous": lambda: qc @ kc.transpose(-2, -1),
+        "sdpa, views": lambda: F.scaled_dot_product_attention(qv, kv, vv),
+        "sdpa, contiguous": lambda: F.scaled_dot_product_attention(qc, kc, vc),
+    }, repeats)
+
+
+times = layout_times()  # B=4, H=12, S=128, D=64
+print("B=4 H=12 S=128 D=64, float32, one thread, fastest of 30 calls each:")
+for name, ms in times.items():
+    print(f"  {name:<19} {ms:.3f} ms")
+print(f"scores: views / contiguous {times['scores, views'] / times['scores, contiguous']:.2f}")
+print(f"sdpa:   views / contiguous {times['sdpa, views'] / times['sdpa, contiguous']:.2f}")
+
+# %% [markdown]
+# Output:
+# ```text
+# B=4 H=12 S=128 D=64, float32, one thread, fastest of 30 calls each:
+#   scores, views       «time» ms
+#   scores, contiguous  «time» ms
+#   sdpa, views         «time» ms
+#   sdpa, contiguous    «time» ms
+# scores: views / contiguous «ratio»
+# sdpa:   views / contiguous «ratio»
+# ```
+#
+# Timings depend on the machine, hence the placeholders; the tests check the order, not
+# the numbers. On contiguous (B, H, S, D) inputs both reshapes are views, so the scores are
+# one `bmm` and nothing else; on the permuted views, the same product first waits for two
+# copies, and the views are slower (by how much depends on the CPU and on the sizes). The copy of `kᵀ` is the expensive one: it reads along one stride and writes
+# along another. SDPA costs about the same either way (the tests allow a factor of 2, for
+# noisy machines): it never copies. A layout has a price only where an op must copy to get
+# the layout it needs, and the profiler is how you find those places.
 #
 # The same thing happens on the way back. Attention returns (B, H, S, D); the next linear
 # layer wants (B, S, H·D). nanoGPT writes `y.transpose(1, 2).contiguous().view(B, T, C)`:
@@ -434,13 +600,17 @@ print("saved storage_views.png")
 #   strides are those times the itemsize.
 # - Transpose, permute, slicing (with steps), `expand`, and `view` only write a new record:
 #   same storage, no copy, and writes through them reach the base.
-# - A tensor is contiguous when its row-major order is its storage order. `view` works only
-#   when the new shape can be read with strides (it never copies); `reshape` copies when it
-#   must; `contiguous()` copies unless the tensor already is contiguous, in which case it
-#   returns the tensor itself.
+# - A tensor is contiguous when every dimension of size > 1 has the stride a new tensor of
+#   its shape would get (the offset does not matter): read in row-major order, it visits
+#   consecutive storage cells. Reading storage in increasing order is not enough
+#   (`m[:, ::2]`). `view` works only when the new shape can be read with strides (it never
+#   copies); `reshape` copies when it must; `contiguous()` copies unless the tensor already
+#   is contiguous, in which case it returns the tensor itself.
 # - Attention's (B, S, H, D) → (B, H, S, D) transpose is free, but merging dimensions
-#   afterwards needs `contiguous()`: one full copy. On a GPU, this lesson's test times a
-#   reduction over a contiguous and a transposed input (`make test-gpu`).
+#   afterwards needs a copy, and composite ops make it for you: `q @ kᵀ` on the permuted
+#   views copies both operands on every call, while `F.scaled_dot_product_attention` reads
+#   the views as they are. On a GPU, this lesson's test (`make test-gpu`) repeats the
+#   comparison: the same values, the same two copies, and the copying product slower.
 #
 # ## Exercises
 #
