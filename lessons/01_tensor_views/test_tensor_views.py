@@ -31,6 +31,9 @@ def test_transpose_is_a_view(lesson):
     assert x.untyped_storage().nbytes() == x.numel() * x.element_size() == 48
     assert x[1, 0] == y[0, 1] == 3
     assert x.numpy().strides == tuple(s * x.element_size() for s in x.stride())
+    f = lesson.ns["f"]  # float32: byte strides halve, element strides do not change
+    assert f.strides == tuple(s // 2 for s in x.numpy().strides)
+    assert torch.from_numpy(f).stride() == x.stride()
 
 
 def test_slices_have_offsets(lesson):
@@ -89,6 +92,7 @@ def test_reshape_copies_and_contiguous(lesson):
     assert not same(r, x) and r.tolist()[1:] == [3, 1, 4, 2, 5]
     assert x[0, 0] == 0  # writing r[0] left the base alone
     assert not same(yc, x) and yc.stride() == (2, 1) and torch.equal(yc, ns["y"])
+    assert x.contiguous() is x
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         ns["y"].view(-1)
 
@@ -132,6 +136,16 @@ def test_layout_has_a_price(lesson):
     t = lesson.ns["layout_times"](repeats=40)
     assert t["scores, views"] > t["scores, contiguous"], t
     assert 0.5 < t["sdpa, views"] / t["sdpa, contiguous"] < 2, t
+
+
+def test_the_transposing_copy_is_the_expensive_one(lesson):
+    """The two copies matmul makes: q's keeps rows of D contiguous elements, k^T's writes
+    along one stride what it reads along another; the second is the slower."""
+    ns = lesson.ns
+    gen = torch.Generator().manual_seed(0)
+    q, k = ns["heads"]((4, 12, 128, 64), gen), ns["heads"]((4, 12, 128, 64), gen)  # (B, H, S, D) views
+    t = ns["fastest_ms"]({"q": lambda: q.contiguous(), "k^T": lambda: k.transpose(-2, -1).contiguous()}, 40)
+    assert t["k^T"] > t["q"], t
 
 
 def cell_texts(ax):
