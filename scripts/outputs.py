@@ -182,16 +182,16 @@ def update(script: Path) -> int:
         print(f"{e}\n{name}: refused; nothing changed")
         return 1
     blocks = sum(1 for c in run.cells if c.kind == "markdown" and checker.documented_block(c.source) is not None)
-    if not edits:
-        print(f"{name}: all {blocks} Output blocks match what it printed; nothing changed")
-        return 0
-    script.write_bytes(new_text.encode())
-    written = notebooks.write([script])
-    print(f"{name}: {len(edits)} of {blocks} Output blocks updated")
-    print("\n".join(summary(e) for e in edits))
+    if edits:
+        script.write_bytes(new_text.encode())
+        print(f"{name}: {len(edits)} of {blocks} Output blocks updated")
+        print("\n".join(summary(e) for e in edits))
+    else:
+        print(f"{name}: all {blocks} Output blocks match what it printed")
+    written = notebooks.write([script])  # also a notebook left stale by an earlier edit
     for nb in written:
         print(f"  regenerated {notebooks.shown(nb)}")
-    print("Review the change with `git diff`.")
+    print("Review the change with `git diff`." if edits or written else "Nothing changed.")
     return 0
 
 
@@ -210,11 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         except UnknownLesson as e:
             print(e, file=sys.stderr)
             return 2
-    codes = []  # every ready lesson, each in a process of its own (lessons set global state)
-    for lesson in ready():
-        cmd = [sys.executable, "-m", "scripts.outputs", lesson.number]
+    lessons, codes = ready(), []  # each in a process of its own: lessons set global state
+    for lesson in lessons:
+        cmd = [sys.executable, "-m", "scripts.outputs", str(lesson.script)]
         codes.append(subprocess.run(cmd, cwd=ROOT).returncode)
-    failed = [lesson.number for lesson, code in zip(ready(), codes) if code]
+    failed = [lesson.number for lesson, code in zip(lessons, codes) if code]
     print(f"\n{len(codes) - len(failed)} of {len(codes)} lessons done" +
           (f"; refused or failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

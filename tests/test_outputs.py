@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -69,7 +70,12 @@ def test_blocks_are_rewritten_placeholders_kept_prose_untouched(tmp_path, capsys
     assert "1 of 1 Output blocks updated" in out and "  cell 2: 2 lines changed" in out
     # a second run finds nothing to do and writes nothing
     assert outputs.main([str(script)]) == 0
-    assert script.read_text() == after and "nothing changed" in capsys.readouterr().out
+    assert script.read_text() == after and "Nothing changed." in capsys.readouterr().out
+    # with the blocks right, a stale notebook is still brought in line
+    notebooks.notebook_path(script).write_text("{}")
+    assert outputs.main([str(script)]) == 0
+    assert notebooks.notebook_path(script).read_text() == notebooks.render(script)
+    assert "  regenerated " in capsys.readouterr().out
 
 
 def test_a_placeholder_line_that_no_longer_matches_is_refused(tmp_path, capsys):
@@ -158,3 +164,17 @@ def test_make_outputs_on_a_copy_of_lesson_01_changes_one_block(tmp_path, capsys)
     assert "  cell 4: 1 line changed\n" in capsys.readouterr().out
     # the blocks read back as printed (outputs.verify), and the notebook follows the script
     assert notebooks.notebook_path(script).read_text() == notebooks.render(script)
+
+
+def test_make_outputs_without_n_updates_every_lesson_in_turn(tmp_path, monkeypatch, capfd):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    drifted = write(tmp_path / "a", LESSON)
+    refused = write(tmp_path / "b", LESSON.replace("over 7 runs\")", "over 9 runs\")"))
+    before = refused.read_text()
+    fake = [SimpleNamespace(number="01", script=drifted), SimpleNamespace(number="02", script=refused)]
+    monkeypatch.setattr(outputs, "ready", lambda: fake)
+    assert outputs.main([]) == 1
+    out = capfd.readouterr().out
+    assert "1 of 1 Output blocks updated" in out and "refused; nothing changed" in out
+    assert out.rstrip().endswith("1 of 2 lessons done; refused or failed: 02")
+    assert block(drifted, 3)[2] == "count 3" and refused.read_text() == before
