@@ -60,10 +60,56 @@ class Cell:
 
 
 def read_cells(script: Path) -> list[Cell]:
-    import jupytext  # imported here: the GPU machine's Python has no jupytext (tests/gpu)
-
+    try:
+        import jupytext  # imported here: the GPU machine's Python has no jupytext
+    except ImportError:  # there, the lessons' subset of the format is read by hand
+        return read_percent(script.read_text(encoding="utf-8"), str(script))
     nb = jupytext.read(script, fmt="py:percent")
     return [Cell(i + 1, c.cell_type, c.source) for i, c in enumerate(nb.cells)]
+
+
+MARKER = re.compile(r"\s*#\s*%%(?:\s+(\[(?:markdown|md)\]))?\s*")
+LOOKS_LIKE_MARKER = re.compile(r"\s*#\s*(%%|<codecell>|In\[)")
+# A commented line in a code cell that jupytext would uncomment as an IPython magic or shell
+# command (a superset of its rules: `# %time`, `# !ls`, `# cd x`, `# why?`, `# x = %y`).
+MAGIC_LIKE = re.compile(r"\s*#[# ]*(?:[%!?]|[A-Za-z_]\w*\s*=\s*[%!]|(?:cat|cd|cp|mv|rm|rmdir|mkdir"
+                        r"|copy|ddir|echo|ls|ldir|ren)(?:\s|$)|\S*\?\s*$)")
+
+
+def read_percent(text: str, name: str = "<script>") -> list[Cell]:
+    """The cells jupytext reads from a percent script, for the subset the lessons use: `# %%` and
+    `# %% [markdown]` markers (the first on line 1), markdown lines commented with `#`, and
+    jupytext's trimming of one or two blank lines before a marker. Anything else (a header, cell
+    options, a line jupytext would uncomment as a magic) raises ValueError rather than differ.
+    tests/test_gpu_report.py proves it equals jupytext on every lesson script."""
+    lines, starts = text.splitlines(), []
+    for i, line in enumerate(lines):
+        if m := MARKER.fullmatch(line):
+            starts.append((i, "markdown" if m.group(1) else "code"))
+        elif LOOKS_LIKE_MARKER.match(line):
+            raise ValueError(f"{name}:{i + 1}: a cell marker only jupytext reads: {line!r}")
+    if lines and (not starts or starts[0][0] != 0):
+        raise ValueError(f"{name}: line 1 is not a `# %%` marker (read it with jupytext)")
+    cells = []
+    for n, (i, kind) in enumerate(starts):
+        seg = lines[i : starts[n + 1][0] if n + 1 < len(starts) else len(lines)]
+        body = seg[1 : len(seg) - blank_tail(seg)]
+        if kind == "markdown":
+            body = [line[2:] if line.startswith("# ") else line[1:] if line.startswith("#") else line for line in body]
+        for j, line in enumerate(body if kind == "code" else []):
+            if MAGIC_LIKE.match(line):
+                raise ValueError(f"{name}:{i + j + 2}: jupytext would read this line as a magic: {line!r}")
+        cells.append(Cell(n + 1, kind, "\n".join(body)))
+    return cells
+
+
+def blank_tail(seg: list[str]) -> int:
+    """How many blank lines at the end of a cell (marker line first) jupytext leaves out: two
+    when exactly the last two are blank, else one when the last one is."""
+    blank = [not line.strip() for line in seg]
+    if len(seg) >= 3 and blank[-2] and blank[-1] and not blank[-3]:
+        return 2
+    return int(len(seg) > 1 and blank[-1])
 
 
 def cpu_capability() -> str:
