@@ -11,13 +11,16 @@
 #
 # - where a tensor lives, which copies are explicit, and why data moves once and stays;
 # - a device helper (cuda → mps → cpu, with an override);
-# - why a timer without synchronisation measures the launch, not the work;
+# - why a timer without synchronisation measures the launch, not the work (seen on a
+#   simulated device queue);
 # - honest timing: warm-up, repeats, the median, `torch.utils.benchmark.Timer`, and how
 #   much runs vary on a shared machine;
 # - the hidden synchronisations of a training loop (`.item()`, printing, branching on a
 #   tensor, `.cpu()`), found in the profiler's op list;
 # - `torch.profiler` with `record_function` regions, a sorted table and a Chrome trace;
-# - FLOPs: 2n³ for a matmul, achieved FLOP/s, and model FLOPs utilisation (MFU).
+# - FLOPs: 2n³ for a matmul, 6·N per token plus attention for a transformer, achieved
+#   FLOP/s, this CPU's peak, and the MFU of a step we profiled;
+# - the three regimes of a kernel (compute, memory, overhead) on this CPU's roofline.
 #
 # **Prerequisites:** lesson 02 (ATen ops and the dispatcher), lesson 03 (a training step:
 # forward, backward, optimizer).
@@ -165,59 +168,79 @@ print(f"this lesson runs on {DEVICE} (COURSE_DEVICE={choice!r})")
 # device's queue and returns. The host races ahead, queueing more work, and only stops
 # when it needs a result. So a clock read right after the call measures the *launch*
 # (microseconds), not the work. `torch.cuda.synchronize()` (or `torch.mps.synchronize()`)
-# blocks until the queue is empty: read the clock after it. On the CPU there is no queue:
-# an op returns when its result is ready, and `torch.cpu.synchronize()` exists only so
-# that device-agnostic code runs, doing nothing.
+# blocks until the queue is empty: read the clock after it.
 #
-# **Predict.** On the CPU, time a 512² matmul with the clock stopped right at the call's
-# return, and again after `torch.cpu.synchronize()`. How far apart are the two medians?
+# A CPU op has no queue to hide in: it returns when its result is ready. To watch a timer
+# lie on the CPU we simulate the device: `SimulatedGPU.launch()` books `work` seconds of
+# device time at the end of its queue and returns at once, and `synchronize()` sleeps
+# until the queue would be empty. Both use the host's real clock; only the device is
+# imaginary.
+#
+# **Predict.** A kernel takes 5 ms of device time. Time one launch with the clock stopped
+# when the call returns, and again after `synchronize()`. What do the two clocks read? And
+# for 4 launches in a row, then one `synchronize()`?
+
 
 # %%
-n = 512
-a, b = torch.randn(n, n), torch.randn(n, n)  # (n, n) each
-c = torch.empty(n, n)  # a preallocated output: no allocation inside the timing
+class SimulatedGPU:
+    """A device queue on the host's real clock: launch() queues `work` seconds of device
+    time and returns at once; synchronize() waits until the queue is empty."""
+
+    def __init__(self, work=0.005):
+        self.work = work
+        self.free_at = 0.0  # time.perf_counter() value at which the queue is empty
+
+    def launch(self):
+        start = max(self.free_at, time.perf_counter())  # the device starts when it is free
+        self.free_at = start + self.work
+
+    def synchronize(self):
+        time.sleep(max(0.0, self.free_at - time.perf_counter()))
 
 
-def mm():
-    torch.mm(a, b, out=c)
-
-
-def one_run(fn, sync):
-    """Seconds for one call; sync=None stops the clock when the call returns."""
+def one_run(fn, sync, calls=1):
+    """Seconds for `calls` calls of fn; sync=None stops the clock when the last call returns."""
     t0 = time.perf_counter()
-    fn()
+    for _ in range(calls):
+        fn()
     if sync:
         sync()
     return time.perf_counter() - t0
 
 
-mm()  # warm-up
-runs = {"no sync": [], "sync": []}
-for _ in range(15):  # interleaved, so that a busy moment on the machine hits both
-    runs["no sync"].append(one_run(mm, None))
-    runs["sync"].append(one_run(mm, torch.cpu.synchronize))
+gpu = SimulatedGPU()
+runs = {"no sync": [], "sync": [], "4 calls, sync": []}
+for _ in range(7):
+    runs["no sync"].append(one_run(gpu.launch, None))
+    gpu.synchronize()  # drain the queue before the next measurement
+    runs["sync"].append(one_run(gpu.launch, gpu.synchronize))
+    runs["4 calls, sync"].append(one_run(gpu.launch, gpu.synchronize, calls=4))
 med = {k: statistics.median(v) * 1e3 for k, v in runs.items()}  # ms
-print(f"{n}x{n} matmul, CPU, no sync: median {med['no sync']:.3f} ms")
-print(f"{n}x{n} matmul, CPU, sync:    median {med['sync']:.3f} ms")
-print(f"ratio sync / no sync {med['sync'] / med['no sync']:.2f}")
+print(f"device work per launch: {gpu.work * 1e3:.1f} ms")
+for k, v in med.items():
+    print(f"{k:<14} median over 7: {v:.3f} ms")
+print(f"sync / no sync {med['sync'] / med['no sync']:.0f}")
 
 # %% [markdown]
 # Output:
 # ```text
-# 512x512 matmul, CPU, no sync: median «time» ms
-# 512x512 matmul, CPU, sync:    median «time» ms
-# ratio sync / no sync «ratio»
+# device work per launch: 5.0 ms
+# no sync        median over 7: «time» ms
+# sync           median over 7: «time» ms
+# 4 calls, sync  median over 7: «time» ms
+# sync / no sync «ratio»
 # ```
 #
-# The times and their ratio change from run to run, but the ratio stays near 1 (the test
-# checks that it lies between 1/5 and 5): on the CPU both clocks stop after the work.
-# On a GPU the same two lines differ by orders of magnitude. The CUDA test of this lesson
-# times a 4096² matmul both ways: without the synchronize the "time" is the launch, tens of
-# microseconds, against milliseconds of real work (one reference text measured 0.05 ms
-# against 47.58 ms on a laptop GPU). It also shows the other half of the story: 200 small
-# matmuls queued back to back take less time per call than the same calls with a wait
-# after each, because the GPU works through the queue while Python launches more. So:
-# synchronise before reading a clock, never inside the work.
+# Without the synchronize the clock reads the launch, a few microseconds, whatever the
+# work: that is the lie, and on a real GPU it looks just like this (this lesson's CUDA test
+# times a 4096² matmul both ways). With it, the clock reads the 5 ms of device time (plus
+# the sleep's wake-up, a fraction of a millisecond). Four launches in a row cost the host
+# four launches, and the device works through them back to back: 20 ms at the
+# synchronize. The test checks the ratios: the unsynchronised median below a tenth of the
+# work, the synchronised ones at least 1× and 4× the work. So: synchronise before reading
+# a clock, and never inside the work you time, or the device idles while Python launches
+# the next call. Exercise 3 and its tests use the same queue with a fake clock, which
+# makes every reading exact.
 
 # %% [markdown]
 # ## 3. Honest timing: warm-up, repeats, the median
@@ -225,11 +248,12 @@ print(f"ratio sync / no sync {med['sync'] / med['no sync']:.2f}")
 # One run tells you little: the first call pays one-time costs (lazy initialisation,
 # memory allocation, on a GPU the CUDA context and autotuning), and any run can be hit by
 # another process on the same cores. The recipe: a few untimed warm-up calls, many timed
-# repeats, each stopped after a synchronize, and the median, which one slow outlier does
-# not move.
+# repeats, each stopped after a synchronize *of the device that does the work*, and the
+# median, which one slow outlier does not move.
 #
-# **Predict.** Over 21 repeats of the same matmul, how far apart are the fastest and the
-# slowest run? Does it depend on what else the machine is doing?
+# **Predict.** Over 21 repeats of a 512² matmul, how far apart are the fastest and the
+# slowest run? And what does the same loop report for the simulated GPU if it
+# synchronises the CPU instead of the simulated device?
 
 
 # %%
@@ -247,25 +271,40 @@ def time_runs(fn, sync=torch.cpu.synchronize, warmup=3, repeats=21):
     return times
 
 
+n = 512
+a, b = torch.randn(n, n), torch.randn(n, n)  # (n, n) each
+c = torch.empty(n, n)  # a preallocated output: no allocation inside the timing
+
+
+def mm():
+    torch.mm(a, b, out=c)
+
+
 times = time_runs(mm)
 lo, mid, hi = min(times) * 1e3, statistics.median(times) * 1e3, max(times) * 1e3
 print(f"{len(times)} runs: min {lo:.3f} ms, median {mid:.3f} ms, max {hi:.3f} ms")
 print(f"slowest / fastest {hi / lo:.2f}")
+sim = {name: statistics.median(time_runs(gpu.launch, sync)) * 1e3  # ms
+       for name, sync in [("own", gpu.synchronize), ("cpu", torch.cpu.synchronize)]}
+print(f"simulated GPU, {gpu.work * 1e3:.1f} ms per call: with its own synchronize "
+      f"{sim['own']:.3f} ms, with the CPU's {sim['cpu']:.3f} ms")
 
 # %% [markdown]
 # Output:
 # ```text
 # 21 runs: min «time» ms, median «time» ms, max «time» ms
 # slowest / fastest «ratio»
+# simulated GPU, 5.0 ms per call: with its own synchronize «time» ms, with the CPU's «time» ms
 # ```
 #
-# On the course's 2-core machine, the slowest of 21 runs was within a few percent of the
-# fastest when the machine was quiet, and about 2.7 times the fastest with two busy
-# processes sharing the cores, while the median moved by 2%: an outlier lands in the max,
-# not in the median. The
-# median lies between min and max by construction (the test asserts it); report it with
-# the number of runs, and treat a difference of a few percent between two medians as noise
-# unless it holds over several runs of the whole measurement.
+# On a quiet machine the slowest run is within a few percent of the fastest; with other
+# processes on the same cores it can be several times the fastest while the median hardly
+# moves: an outlier lands in the max, not in the median. Report the median with the number
+# of runs, and treat a difference of a few percent between two medians as noise unless it
+# holds over several runs of the whole measurement. The last line is the same loop with
+# the wrong synchronize: `torch.cpu.synchronize()` knows nothing of the simulated queue,
+# so the loop times launches again. Synchronising *some* device is not enough; it must be
+# the one that does the work (`torch.cuda.synchronize()` for CUDA work).
 #
 # `torch.utils.benchmark.Timer` does all this for you. `blocked_autorange` first times
 # growing blocks of 1, 10, 100, ... calls until the timer's own overhead is negligible
@@ -292,16 +331,14 @@ print(f"Timer median / loop median {meas.median * 1e3 / mid:.2f}")
 # Timer median / loop median «ratio»
 # ```
 #
-# The two medians agree to within the noise. (The test only checks that the Timer's median
-# lies between half the loop's fastest run and five times its slowest: the two measure at
-# different moments on a shared machine.)
-# `blocked_autorange` chose how many calls to group per measurement by itself: one call
-# of a 512² matmul already lasts milliseconds, so blocks stay small; for a 64² matmul they
-# hold hundreds or thousands of calls. The IQR (the spread of the middle half of the
-# measurements) is the honest error bar to quote with the median. Both timings pass
-# `out=c`: a fresh 1 MiB output per call would add the allocator's work to what we
-# measure (and, for outputs of tens of MiB, page faults: each new mapping is touched page
-# by page).
+# The two medians agree to within the noise of a shared machine (the test allows a factor
+# of 2 either way: the two ran at different moments). `blocked_autorange` chose how many
+# calls to group per measurement by itself: one call of a 512² matmul already lasts
+# milliseconds, so blocks stay small; for a 64² matmul they hold hundreds or thousands of
+# calls. The IQR (the spread of the middle half of the measurements) is the honest error
+# bar to quote with the median. Both timings pass `out=c`: a fresh 1 MiB output per call
+# would add the allocator's work to what we measure (and, for outputs of tens of MiB, page
+# faults: each new mapping is touched page by page).
 
 # %% [markdown]
 # ## 4. Hidden synchronisations in a training loop
@@ -392,9 +429,31 @@ print(f"last step: {text}, stop {stop}")
 #
 # The fix is to keep values on the device and read them rarely: accumulate
 # `total += loss.detach()` and call `.item()` once every N steps; decide on early stopping
-# every N steps; keep predictions on the device and move them once, at the end. On CUDA,
-# `torch.cuda.set_sync_debug_mode("warn")` flags every synchronising call (the GPU test
-# uses it to catch an `.item()`).
+# every N steps; keep predictions on the device and move them once, at the end.
+#
+# On CUDA, `torch.cuda.set_sync_debug_mode("warn")` (or `"error"`) reports synchronising
+# calls as they happen; this lesson's GPU test uses it to catch an `.item()`. It is a
+# debugging aid, not a proof that a loop is free of them.
+#
+# **Predict.** Does it catch every synchronising call? Its own docstring says (the CPU
+# build of PyTorch carries the same text):
+
+# %%
+doc = " ".join(torch.cuda.set_sync_debug_mode.__doc__.split())  # the docstring on one line
+limit = doc[doc.index("not all"):]
+for sentence in limit.split(". "):
+    print(f"set_sync_debug_mode: {sentence.rstrip('.')}.")
+
+# %% [markdown]
+# Output:
+# ```text
+# set_sync_debug_mode: not all synchronizing operations will trigger warning or error.
+# set_sync_debug_mode: In particular, operations in torch.distributed and torch.sparse namespaces are not covered yet.
+# ```
+#
+# So a silent run under `"warn"` means "none of the calls it watches synchronised", not
+# "nothing synchronised". The profiler's view is the complement: on a GPU trace a
+# synchronisation shows as the device row going idle while the host waits (section 5).
 
 # %% [markdown]
 # ## 5. The profiler: named regions, a sorted table, a Chrome trace
@@ -454,8 +513,8 @@ print(f"aten::mm + aten::addmm: {100 * matmul / total:.1f}% of self CPU time")
 # of calls instead, because those counts are the same on every run while the time ranking
 # can shuffle its small entries. The most frequent ops are views and bookkeeping
 # (`t`, `transpose`, `as_strided`, all free) and the SGD update's `add_`; the time is
-# elsewhere: the two matmul ops take most of it (80–90% on a quiet machine; the test
-# checks more than half, as one preemption by another process can land in any op), since
+# elsewhere: the two matmul ops take most of it (the test checks more than half; one
+# preemption by another process can land in any op and move the share), since
 # each linear layer runs one `addmm` forward and up to two `mm` backward. Read a profile
 # both ways: *counts* tell you what your code asked for (e.g. how many host reads per
 # step), *self time* where the time went.
@@ -486,7 +545,7 @@ print(f"regions in the trace {dict(sorted(Counter(regions).items()))}")
 # a hidden synchronisation shows up as such a gap.
 
 # %% [markdown]
-# ## 6. FLOPs, achieved FLOP/s and MFU
+# ## 6. FLOPs: counting what a step does
 #
 # A matmul of (m, k) by (k, n) does m·n dot products of length k: m·k·n multiplies and as
 # many adds, so **2·m·k·n FLOPs**, or 2n³ for two n×n matrices. Divided by the measured
@@ -503,8 +562,9 @@ print(f"256x256 @ 256x256: counted {fc.get_total_flops():,} FLOPs, 2*n**3 = {2 *
 W = D * H + H * C  # weights that take part in matmuls (biases are adds, not counted)
 with FlopCounterMode(display=False) as fc:
     mlp_step()
+step_flops = fc.get_total_flops()
 counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
-print(f"MLP step: counted {fc.get_total_flops():,} FLOPs {counts}")
+print(f"MLP step: counted {step_flops:,} FLOPs {counts}")
 print(f"6 * weights * batch = {6 * W * B:,}; minus the input's gradient 2*B*D*H: "
       f"{6 * W * B - 2 * B * D * H:,}")
 
@@ -521,12 +581,81 @@ print(f"6 * weights * batch = {6 * W * B:,}; minus the input's gradient 2*B*D*H:
 # gradient of the weights and one for the gradient of the layer's input: 6 per weight per
 # example in all. That is where MFU's "6 × parameters × tokens" comes from. The count here
 # is lower than 6·W·B by exactly one matmul: nothing needs the gradient of the input batch
-# `xb`, so autograd skips it. In a transformer the embeddings play that role and are a
-# small share of the parameters, so 6·N·tokens is a good estimate. (Biases, activations,
-# the loss and the optimizer are left out: they are a few FLOPs per element, not per
-# weight.)
+# `xb`, so autograd skips it. (Biases, activations, the loss and the optimizer are left
+# out: they are a few FLOPs per element, not per weight.)
+#
+# **Predict.** A transformer's first layer is an embedding, with millions of parameters.
+# How many FLOPs does it do? And a transformer also multiplies matrices that are not
+# weights: the attention scores `q @ kᵀ` and their weighted sum of `v`. How many FLOPs do
+# they cost per token, forward and backward?
+
+# %%
+emb = nn.Embedding(1000, 64)  # (vocab, d): 64,000 parameters
+tokens = torch.randint(0, 1000, (4, 32))  # (B, S)
+with FlopCounterMode(display=False) as fc:
+    emb(tokens).square().mean().backward()
+print(f"nn.Embedding(1000, 64), forward + backward: counted {fc.get_total_flops()} FLOPs")
+S_A, D_A = 128, 64  # one attention head: sequence length, head width
+q, k, v = (torch.randn(1, S_A, D_A, requires_grad=True) for _ in range(3))  # (1, S, d) each
+with FlopCounterMode(display=False) as fc:
+    (((q @ k.transpose(1, 2)) / D_A**0.5).softmax(-1) @ v).sum().backward()  # (1, S, d)
+print(f"attention, S={S_A}, d={D_A}, forward + backward: counted {fc.get_total_flops():,} FLOPs "
+      f"= 12*S*S*d = {12 * S_A * S_A * D_A:,}")
 
 # %% [markdown]
+# Output:
+# ```text
+# nn.Embedding(1000, 64), forward + backward: counted 0 FLOPs
+# attention, S=128, d=64, forward + backward: counted 12,582,912 FLOPs = 12*S*S*d = 12,582,912
+# ```
+#
+# An embedding is a gather: it copies the rows of the tokens it is given, and its
+# backward adds gradients into those rows. No multiply-adds, so its parameters do not
+# belong in the N of 6·N·tokens; count N as the weights that multiply (the output
+# projection to the vocabulary is a real matmul and counts). Attention's two products
+# cost 2·S·d FLOPs per token each in the forward pass and twice that in the backward:
+# 12·S·d per token per layer, with no weights at all, and growing with the sequence. For
+# a model of L layers, 6·N·tokens leaves out 12·L·d·S per token.
+#
+# **Predict.** For a GPT-style model with 32 layers of width 4096 (about 6.6 billion
+# weights that multiply), how much does attention add to 6·N at a sequence of 2,048
+# tokens? At 8,192?
+
+
+# %%
+def matmul_weights(layers, d, vocab):
+    """Weights a GPT-style model multiplies by: per layer 4*d*d in attention's projections
+    and 8*d*d in a 4d-wide MLP; plus the d x vocab output head (the input embedding is a gather)."""
+    return 12 * layers * d * d + d * vocab
+
+
+def train_flops_per_token(layers, d, vocab, seq):
+    """(6 * matmul weights, attention's 12 * layers * d * seq): forward and backward, per token."""
+    return 6 * matmul_weights(layers, d, vocab), 12 * layers * d * seq
+
+
+L_GPT, D_GPT, V_GPT = 32, 4096, 50_304
+print(f"L={L_GPT}, d={D_GPT}, vocabulary {V_GPT:,}: N = {matmul_weights(L_GPT, D_GPT, V_GPT):,}")
+for seq in (2_048, 8_192):
+    dense, attn = train_flops_per_token(L_GPT, D_GPT, V_GPT, seq)
+    print(f"S={seq:,}: 6N = {dense:.3e}, attention {attn:.3e} FLOPs per token: +{attn / dense:.1%}")
+
+# %% [markdown]
+# Output:
+# ```text
+# L=32, d=4096, vocabulary 50,304: N = 6,648,496,128
+# S=2,048: 6N = 3.989e+10, attention 3.221e+09 FLOPs per token: +8.1%
+# S=8,192: 6N = 3.989e+10, attention 1.288e+10 FLOPs per token: +32.3%
+# ```
+#
+# At 2,048 tokens 6·N·tokens misses 8% of the work; at 8,192, a third. Long-context
+# training is where the shortcut fails, so an honest MFU counts attention too (a causal
+# kernel that skips the masked half of the scores does about half of the 12·L·d·S; state
+# which convention you use).
+
+# %% [markdown]
+# ## 7. Achieved FLOP/s, this CPU's peak, and MFU
+#
 # **Predict.** How close to its peak does one CPU core get, and does the matrix size
 # matter?
 
@@ -540,15 +669,16 @@ def gflops(n):
     return sec, 2 * n**3 / sec / 1e9
 
 
-sizes = [32, 64, 128, 256, 512, 1024]
-rates = {}
+sizes = [16, 32, 64, 128, 256, 512, 1024]
+rates, secs = {}, {}
 for n in sizes:
-    sec, rates[n] = gflops(n)
-    print(f"n {n:>4}: {2 * n**3:>13,} FLOPs, median {sec * 1e3:.4f} ms, {rates[n]:.1f} GFLOP/s")
+    secs[n], rates[n] = gflops(n)
+    print(f"n {n:>4}: {2 * n**3:>13,} FLOPs, median {secs[n] * 1e3:.4f} ms, {rates[n]:.1f} GFLOP/s")
 
 # %% [markdown]
 # Output:
 # ```text
+# n   16:         8,192 FLOPs, median «time» ms, «rate» GFLOP/s
 # n   32:        65,536 FLOPs, median «time» ms, «rate» GFLOP/s
 # n   64:       524,288 FLOPs, median «time» ms, «rate» GFLOP/s
 # n  128:     4,194,304 FLOPs, median «time» ms, «rate» GFLOP/s
@@ -557,14 +687,12 @@ for n in sizes:
 # n 1024: 2,147,483,648 FLOPs, median «time» ms, «rate» GFLOP/s
 # ```
 #
-# On the machine this lesson was written on (one core of an AMD EPYC) a quiet run gave 25–40 GFLOP/s at
-# n = 32 and 105–115 GFLOP/s from n = 128 up. A core with two 256-bit FMA units does at
-# most 2 × 8 × 2 = 32 fp32 FLOPs per cycle, about 110 GFLOP/s at 3.5 GHz: large matmuls
-# run close to that peak. Small ones cannot: the time of a call includes a fixed cost
-# (dispatch, a few microseconds) that 65,536 FLOPs do not amortise, and on a GPU that fixed
-# cost (the launch) is larger and the peak far higher, so small matmuls use an even smaller
-# share of it. When another job shares the core, points drop; the figure shows whichever
-# run you made.
+# The rate climbs with the size and then levels off. A small matmul cannot reach the
+# plateau: the time of a call includes a fixed cost (Python, the dispatcher, the BLAS
+# library's setup: microseconds) that 8,192 FLOPs do not amortise. On a GPU that fixed
+# cost (the launch) is larger and the peak far higher, so small matmuls use an even
+# smaller share of it. When another job shares the core, points drop; the figure shows
+# whichever run you made.
 
 
 # %%
@@ -593,38 +721,279 @@ print("saved gflops_vs_size.png")
 # ```text
 # saved gflops_vs_size.png
 # ```
+#
+# Where is the plateau relative to what the core could do? A core's peak is
+# *cores × FLOPs per cycle × cycles per second*, and FLOPs per cycle come from its vector
+# instructions: each fp32 lane of a fused multiply-add (FMA) does 2 FLOPs, and recent x86
+# cores have 2 FMA units (Intel since Haswell, AMD since Zen 2); without AVX, SSE has 4
+# lanes and separate multiply and add units.
+#
+# **Predict.** Which vector ISA does PyTorch use on your CPU, and what peak follows?
 
-# %% [markdown]
-# **Predict.** A dense transformer with 8 billion parameters trains at 8,000 tokens per
-# second on one H200, whose datasheet gives about 990 TFLOP/s of dense bf16. What share
-# of the peak does it use?
 
 # %%
-def mfu(n_params, tokens_per_s, peak_flops):
-    """Model FLOPs utilisation of a dense transformer: 6 FLOPs per parameter per token."""
-    return 6 * n_params * tokens_per_s / peak_flops
+FLOPS_PER_CYCLE = {  # fp32, one core: (lanes per vector, FLOPs per lane per cycle)
+    "DEFAULT": (4, 2),  # no AVX: SSE, 4 lanes, one multiply and one add unit
+    "AVX2": (8, 4),  # 8 lanes, 2 FMA units of 2 FLOPs each
+    "AVX512": (16, 4),  # 16 lanes, 2 FMA units
+}
 
 
-n_params, tokens_per_s, peak = 8e9, 8_000, 990e12
-achieved = 6 * n_params * tokens_per_s
-print(f"6 x {n_params:.0e} params x {tokens_per_s:,} tokens/s = {achieved / 1e12:.0f} TFLOP/s")
-print(f"MFU = {achieved / 1e12:.0f} / {peak / 1e12:.0f} = {mfu(n_params, tokens_per_s, peak):.1%}")
-print(f"at 50% MFU: {0.5 * peak / (6 * n_params):,.0f} tokens/s")
+def clock_ghz():
+    """(GHz, where it was read): cpufreq's maximum, else /proc/cpuinfo's clock, else 3.0 assumed."""
+    cpufreq = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")  # kHz, bare metal
+    if cpufreq.is_file():
+        return int(cpufreq.read_text()) / 1e6, str(cpufreq)
+    cpuinfo = Path("/proc/cpuinfo")  # "cpu MHz": in a VM, usually the base clock
+    mhz = [float(line.split(":")[1]) for line in cpuinfo.read_text().splitlines()
+           if line.startswith("cpu MHz")] if cpuinfo.is_file() else []
+    return (max(mhz) / 1e3, str(cpuinfo)) if mhz else (3.0, "assumed")
+
+
+def peak_flops(capability, ghz, threads):
+    """fp32 FLOP/s of `threads` cores: lanes x FLOPs per lane per cycle x clock."""
+    lanes, per_lane = FLOPS_PER_CYCLE.get(capability, FLOPS_PER_CYCLE["DEFAULT"])
+    return threads * lanes * per_lane * ghz * 1e9
+
+
+for isa, (lanes, per_lane) in FLOPS_PER_CYCLE.items():
+    print(f"{isa:<8} {lanes:2d} lanes x {per_lane} FLOPs = {lanes * per_lane:2d} FLOPs per cycle")
+capability, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
+ghz, source = clock_ghz()
+peak = peak_flops(capability, ghz, threads)
+print(f"this CPU: {peak_flops(capability, 1, 1) / 1e9:.0f} FLOPs per cycle, {ghz:.2f} GHz ({source})")
+print(f"{os.cpu_count()} cores, {threads} thread used: peak {peak / 1e9:.1f} GFLOP/s")
+print(f"1024x1024 matmul: {rates[1024]:.1f} GFLOP/s = {rates[1024] * 1e9 / peak:.0%} of that peak")
 
 # %% [markdown]
 # Output:
 # ```text
-# 6 x 8e+09 params x 8,000 tokens/s = 384 TFLOP/s
-# MFU = 384 / 990 = 38.8%
-# at 50% MFU: 10,312 tokens/s
+# DEFAULT   4 lanes x 2 FLOPs =  8 FLOPs per cycle
+# AVX2      8 lanes x 4 FLOPs = 32 FLOPs per cycle
+# AVX512   16 lanes x 4 FLOPs = 64 FLOPs per cycle
+# this CPU: «number» FLOPs per cycle, «number» GHz («path»)
+# «number» cores, 1 thread used: peak «rate» GFLOP/s
+# 1024x1024 matmul: «rate» GFLOP/s = «number»% of that peak
 # ```
 #
-# 38.8% is a typical figure for a well-tuned large run (published runs report roughly
-# 35–50% on H100-class GPUs); much lower usually means the GPU waits: for data, for
-# communication, for the host (hidden synchronisations), or on many small kernels. MFU
-# counts only the model's FLOPs: recomputation (activation checkpointing) makes the GPU do
-# more work without raising MFU. The peak must match the dtype: 990 TFLOP/s is dense bf16
-# (the datasheet's larger figure assumes 2:4 sparsity); fp32 matmuls have a much lower peak.
+# `torch.backends.cpu.get_cpu_capability()` names the vector ISA PyTorch's own kernels use
+# ("AVX512", "AVX2" or "DEFAULT" on x86). The clock is the least certain part. Linux on
+# real hardware reports the maximum (turbo) clock in `cpufreq`, and that is what we use:
+# it makes the peak an upper bound. A virtual machine usually has no `cpufreq` and
+# `/proc/cpuinfo` shows its base clock, below what the core reaches under load; elsewhere
+# (macOS, Windows) we assume 3.0 GHz. The parenthesis says which one you got. The table
+# is an estimate too: the BLAS library picks its own kernels, which need not match the ISA
+# PyTorch reports, and some cores run AVX-512 at half the table's rate (one 512-bit FMA
+# unit, or two 256-bit halves). So read
+# the percentage as "about": a value above 100% means the estimate, not the matmul, is
+# wrong. A large matmul is the best a core does, so it bounds what any model can reach.
+#
+# Model FLOPs utilisation (MFU) is achieved FLOP/s of the *model's* FLOPs divided by that
+# peak. Here it is for the training step we profiled in section 5, with the FLOPs the
+# counter gave.
+#
+# **Predict.** Is the MLP step's MFU above or below the 1024² matmul's share of the peak?
+
+# %%
+step_s = statistics.median(time_runs(mlp_step, repeats=11))  # seconds per step
+step_rate = step_flops / step_s  # FLOP/s
+print(f"profiled MLP step: {step_flops:,} FLOPs in {step_s * 1e3:.2f} ms (median of 11) "
+      f"= {step_rate / 1e9:.1f} GFLOP/s")
+print(f"MFU = {step_rate / 1e9:.1f} / {peak / 1e9:.1f} GFLOP/s = {step_rate / peak:.0%}")
+
+# %% [markdown]
+# Output:
+# ```text
+# profiled MLP step: 1,105,199,104 FLOPs in «time» ms (median of 11) = «rate» GFLOP/s
+# MFU = «rate» / «rate» GFLOP/s = «number»%
+# ```
+#
+# Below it (the test checks that the step's rate stays under 1.5 times the large matmul's,
+# and is not negligible): the step's matmuls are smaller (one has only 10 columns), and
+# the bias adds, ReLU, loss and SGD update take time while counting no FLOPs. That gap is
+# what MFU measures in a real run too, where the usual thieves are waiting for data, for
+# communication, for the host (section 4), or many small kernels.
+#
+# The same arithmetic sizes a GPU run. An NVIDIA H200 has 141 GB of memory and about
+# 989 TFLOP/s of dense bf16 matmul (its datasheet; the larger figure there assumes 2:4
+# sparsity). Before asking how fast a model trains on one, check that it fits: lesson 05
+# counted 16 bytes per parameter for weights, gradients and AdamW's state in
+# mixed-precision training, before any activation.
+#
+# **Predict.** Does an 8-billion-parameter model train on one H200 this way? What MFU does
+# a 1-billion-parameter model (16 layers of width 2,048, sequences of 2,048 tokens) have
+# if it trains at 60,000 tokens per second?
+
+
+# %%
+def mfu(flops_per_token, tokens_per_s, peak_flops):
+    """Model FLOPs utilisation: the model's FLOPs per second over the device's peak."""
+    return flops_per_token * tokens_per_s / peak_flops
+
+
+H200_BYTES, H200_BF16 = 141e9, 989e12  # datasheet: memory, dense bf16 FLOP/s
+print(f"8e9 parameters: 16 B x 8e9 = {16 * 8e9 / 1e9:.0f} GB = {16 * 8e9 / H200_BYTES:.0%} of an H200")
+L1, D1, V1, S1, TOKENS_PER_S = 16, 2048, 50_304, 2_048, 60_000
+params = matmul_weights(L1, D1, V1) + V1 * D1  # + the input embedding (untied)
+dense, attn = train_flops_per_token(L1, D1, V1, S1)
+print(f"L={L1}, d={D1}: {params:,} parameters, 16 B each = {16 * params / 1e9:.1f} GB "
+      f"= {16 * params / H200_BYTES:.0%} of an H200")
+print(f"per token at S={S1:,}: 6N {dense:.3e} + attention {attn:.3e} = {dense + attn:.3e} FLOPs")
+print(f"at {TOKENS_PER_S:,} tokens/s: {(dense + attn) * TOKENS_PER_S / 1e12:.0f} TFLOP/s, "
+      f"MFU {mfu(dense + attn, TOKENS_PER_S, H200_BF16):.1%}")
+print(f"at 50% MFU: {0.5 * H200_BF16 / (dense + attn):,.0f} tokens/s")
+
+# %% [markdown]
+# Output:
+# ```text
+# 8e9 parameters: 16 B x 8e9 = 128 GB = 91% of an H200
+# L=16, d=2048: 1,011,351,552 parameters, 16 B each = 16.2 GB = 11% of an H200
+# per token at S=2,048: 6N 5.450e+09 + attention 8.053e+08 = 6.255e+09 FLOPs
+# at 60,000 tokens/s: 375 TFLOP/s, MFU 37.9%
+# at 50% MFU: 79,053 tokens/s
+# ```
+#
+# An 8-billion-parameter model needs 128 GB for its training state alone, 91% of the
+# H200, with activations still to come: it trains on one H200 only with its state
+# sharded across several GPUs (lesson 11's FSDP2), offloaded, or with a smaller
+# optimizer. The 1-billion-parameter model fits with room for activations, and 60,000
+# tokens/s would be an MFU of 38%; a low MFU usually means the GPU waits (for data, for
+# communication, for the host). MFU counts only the model's FLOPs:
+# recomputation (activation checkpointing) makes the GPU do more work without raising
+# MFU. The peak must match the dtype: fp32 matmuls have a much lower one.
+
+# %% [markdown]
+# ## 8. Three regimes: compute, memory, overhead
+#
+# Every kernel spends its time in one of three ways. It computes (its FLOPs at the
+# core's peak: large matmuls); it waits for memory (a few FLOPs per byte it must read and
+# write: elementwise ops); or it pays fixed costs that have nothing to do with its data
+# (Python, dispatch, a launch: tiny ops). Which one a kernel is in decides what speeds it
+# up: faster arithmetic (lower precision, tensor cores), fewer bytes (fusion, lesson 08),
+# or fewer calls (batching, CUDA graphs, compilation).
+#
+# The *roofline* draws the first two. A kernel's *arithmetic intensity* is its FLOPs per
+# byte of memory traffic. A core that streams B bytes/s from memory cannot do more than
+# B × intensity FLOP/s, and never more than its peak: the roof is min(peak, B × intensity),
+# a slope that meets a flat ceiling at the *ridge point* peak / B. Overhead does not show
+# on the roof: it is a kernel sitting far below it.
+#
+# We need the bandwidth. Copying a 64 MiB tensor into another (more than a CPU's
+# last-level cache holds, so the bytes come from memory) reads and writes each byte once.
+# The elementwise chain `((x * 1.5 + 0.5).relu() - 0.25) * 2` runs as 5 eager ops, each
+# reading one 64 MiB tensor and writing another: 1 FLOP per 8 bytes. A 1×1 matmul does
+# almost nothing, so its time is the fixed cost of a call.
+#
+# **Predict.** Where do the 1024² matmul, the chain and the 16² matmul sit against the
+# roof? Which regime is each in?
+
+# %%
+ELEMS = 4096 * 4096  # 16M floats, 64 MiB per tensor
+xe = torch.randn(ELEMS)  # (ELEMS,)
+ye, ze = torch.empty_like(xe), torch.empty_like(xe)  # preallocated outputs: no page faults
+
+
+def chain():
+    """((x * 1.5 + 0.5).relu() - 0.25) * 2, one eager op at a time, 5 FLOPs per element."""
+    torch.mul(xe, 1.5, out=ye)
+    torch.add(ye, 0.5, out=ze)
+    torch.clamp_min(ze, 0.0, out=ye)  # relu
+    torch.sub(ye, 0.25, out=ze)
+    torch.mul(ze, 2.0, out=ye)
+
+
+def small_mm_time(n, number=200):
+    """Seconds per call of an n x n matmul, over a block of `number` calls."""
+    a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    t = benchmark.Timer("torch.mm(a, b, out=c)", globals={"torch": torch, "a": a, "b": b, "c": c})
+    return t.timeit(number).median
+
+
+copy_s = min(time_runs(lambda: ye.copy_(xe), warmup=1, repeats=7))
+bandwidth = 2 * 4 * ELEMS / copy_s  # bytes/s: read and write every float once
+chain_s = min(time_runs(chain, warmup=1, repeats=7))
+small = {1: [], 16: []}  # a 1x1 matmul (the fixed cost of a call) and the 16² one
+for _ in range(7):  # interleaved, the fastest block of each: both see the same machine
+    for k in small:
+        small[k].append(small_mm_time(k))
+call_s, tiny_s = min(small[1]), min(small[16])
+ridge = peak / bandwidth  # FLOP/byte where the slope meets the ceiling
+points = {  # name: (FLOPs, bytes moved at least, seconds)
+    "1024² matmul": (2 * 1024**3, 3 * 4 * 1024**2, secs[1024]),
+    "elementwise chain": (5 * ELEMS, 5 * 2 * 4 * ELEMS, chain_s),
+    "16² matmul": (2 * 16**3, 3 * 4 * 16**2, tiny_s),
+}
+
+
+def regime(flops, nbytes, seconds):
+    if seconds < 3 * call_s:  # hardly longer than a call that does nothing
+        return "overhead"
+    return "compute" if flops / nbytes > ridge else "memory"
+
+
+print(f"copy of 64 MiB: {bandwidth / 1e9:.1f} GB/s; peak {peak / 1e9:.1f} GFLOP/s; "
+      f"ridge {ridge:.2f} FLOP/byte; 1x1 matmul {call_s * 1e6:.2f} us")
+for name, (flops, nbytes, seconds) in points.items():
+    intensity, rate = flops / nbytes, flops / seconds
+    roof = min(peak, bandwidth * intensity)
+    print(f"{name:<18} {intensity:8.3f} FLOP/byte, {rate / 1e9:.2f} GFLOP/s = "
+          f"{rate / roof:.0%} of the roof: {regime(flops, nbytes, seconds)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# copy of 64 MiB: «rate» GB/s; peak «rate» GFLOP/s; ridge «number» FLOP/byte; 1x1 matmul «time» us
+# 1024² matmul        170.667 FLOP/byte, «rate» GFLOP/s = «number»% of the roof: compute
+# elementwise chain     0.125 FLOP/byte, «rate» GFLOP/s = «number»% of the roof: memory
+# 16² matmul            2.667 FLOP/byte, «rate» GFLOP/s = «number»% of the roof: overhead
+# ```
+#
+# The intensities are exact: a 1024² matmul reads two matrices and writes one (12 MiB) for
+# 2 GFLOPs, 170 FLOPs per byte, far right of any CPU's ridge point (a few FLOPs per byte):
+# it runs near the flat roof, limited by arithmetic. The chain does 1 FLOP per 8 bytes,
+# far left: it runs near the slope, limited by memory, whatever the core's peak. The 16²
+# matmul has a middling intensity, but 8,192 FLOPs take about as long as a 1×1 matmul:
+# its time is the call, not the arithmetic or the bytes, and it sits far below both roofs.
+# (The regime is decided from the intensity against the ridge, and for overhead from the
+# time against a 1×1 call, so the words are the same on every machine; the percentages
+# are yours.)
+
+# %%
+def plot_roofline(peak, bandwidth, points):
+    """Log-log roofline: min(peak, bandwidth x intensity), and each measured kernel on it."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    grid = [10 ** (k / 20) for k in range(-60, 61)]  # 1e-3 .. 1e3 FLOP/byte
+    ax.plot(grid, [min(peak, bandwidth * i) / 1e9 for i in grid], color="black",
+            label="roof: min(peak, bandwidth x intensity)")
+    for (name, (flops, nbytes, seconds)), marker in zip(points.items(), "os^"):
+        ax.scatter([flops / nbytes], [flops / seconds / 1e9], marker=marker, s=50, label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_title("Roofline of this CPU, fp32, 1 thread")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+fig_roof = plot_roofline(peak, bandwidth, points)
+fig_roof.savefig(HERE / "roofline.png", dpi=100)
+print("saved roofline.png")
+
+# %% [markdown]
+# Output:
+# ```text
+# saved roofline.png
+# ```
+#
+# Each regime has its own fix. The matmul is at the roof: only a higher roof helps (more
+# cores, wider vectors, lower precision on hardware that has it, a GPU). The chain is on
+# the slope: fewer bytes help, by fusing the five ops into one pass that reads `x` once
+# and writes the result once (lesson 08 compiles exactly this chain). The 16² matmul is in
+# the basement: batch many small products into one call, or remove the per-call cost
+# (CUDA graphs, compilation). On a GPU the same picture holds with a roof hundreds of times
+# higher, and a launch of a few microseconds puts many more kernels in the basement.
 
 # %% [markdown]
 # ## Summary
@@ -633,18 +1002,28 @@ print(f"at 50% MFU: {0.5 * peak / (6 * n_params):,.0f} tokens/s")
 #   tensor itself otherwise); ops refuse inputs on different devices. Move the model and
 #   data once, before the loop.
 # - GPU calls queue work and return. Without a synchronize before reading the clock, you
-#   time the launch; on the CPU the two agree, on a GPU they differ by orders of magnitude.
-#   Synchronise around the measurement, never inside the work.
+#   time the launch, microseconds, whatever the work (section 2's simulated queue shows
+#   it on the CPU). Synchronise the device that does the work, around the measurement,
+#   never inside it.
 # - Time honestly: warm up, repeat, take the median, quote a spread (IQR or min–max);
 #   `torch.utils.benchmark.Timer.blocked_autorange` does this; timings on a shared
 #   machine vary, ratios and counts do not.
 # - `.item()`, formatting or printing a tensor, `if tensor:`, `.cpu()` and `.tolist()`
 #   read values on the host: on a GPU each one waits for the queue. The profiler's
-#   `aten::_local_scalar_dense` finds most of them.
+#   `aten::_local_scalar_dense` finds most of them; `torch.cuda.set_sync_debug_mode`
+#   reports many, not all.
 # - `torch.profiler` + `record_function` give a table (count by calls for what ran, by
 #   self time for where the time went) and a Chrome trace.
-# - A matmul costs 2·m·k·n FLOPs; a training step about 6 FLOPs per parameter per token;
-#   MFU = 6 × params × tokens/s ÷ peak.
+# - A matmul costs 2·m·k·n FLOPs; a training step 6 FLOPs per weight that multiplies
+#   (embeddings are gathers, 0 FLOPs) per token, plus attention's 12·L·d·S, which 6·N
+#   leaves out (a third at S = 8,192 for a 4096-wide model). MFU = model FLOPs per second
+#   ÷ peak; check that the training state (16 bytes per parameter) fits first.
+# - A CPU core's peak is lanes × FLOPs per lane × clock; the lesson's profiled MLP step
+#   reaches a share of it below the large matmul's.
+# - Three regimes: compute-bound (large matmuls, at the flat roof), memory-bound
+#   (elementwise chains, on the bandwidth slope), overhead-bound (tiny ops, far below
+#   both). The roofline, min(peak, bandwidth × FLOPs per byte), tells the first two apart;
+#   a comparison with an empty call finds the third.
 #
 # ## Exercises
 #
@@ -655,6 +1034,7 @@ print(f"at 50% MFU: {0.5 * peak / (6 * n_params):,.0f} tokens/s")
 # 2. `mlp_step_flops(sizes, batch)`: the matmul FLOPs of one training step of a stack of
 #    `nn.Linear` layers, as `FlopCounterMode` counts them.
 # 3. `per_call_time(fn, sync, calls, warmup, clock)`: the time per call of `calls` queued
-#    calls, synchronised only around them. The tests run it on a simulated GPU queue.
+#    calls, synchronised only around them. The tests run it on a simulated GPU queue
+#    like section 2's, with a fake clock.
 #
 # Check your answers with `make exercises N=06`; `solutions.py` has one way to write them.
