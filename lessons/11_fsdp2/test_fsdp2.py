@@ -68,7 +68,7 @@ def test_step_equals_one_process(lesson):
     got = lines(lesson, "step")
     f64 = number(the(got, "rank 0: float64"), "max gap ")
     f32 = number(the(got, "rank 0: float32"), "max gap ")
-    assert f64 < 1e-12 and 1e-9 < f32 < 1e-4  # float32: Adam's first step amplifies rounding
+    assert f64 < 1e-12 and 1e-7 < f32 < 1e-3  # float32: Adam's first step amplifies rounding
     assert "rank 0: optimizer state is sharded too: exp_avg DTensor (Shard(dim=0),), local [32, 32]" in got
 
 
@@ -79,12 +79,12 @@ def test_hooks_live_on_call(lesson):
     assert number(the(got, "rank 0: trap: the blocks' grads"), "max gap ") < 1e-15
     for rank in (0, 1):  # the root's grads stayed on the gathered copy, never averaged
         trap = the(lines(lesson, "hooks", rank), f"rank {rank}: trap: head.weight")
-        assert "head.weight is now a Parameter" in trap and number(trap, "gap ") == 0.0
+        assert trap.endswith("head.weight is now a Parameter, its grad equal to this rank's own half-batch grad: True")
     for start in ("rank 0: unshard() + forward() after", "rank 0: model(x) through __call__"):
         line = the(got, start)
         assert "5 of 5" in line and number(line, "max gap ") < 1e-15
     enc = the(got, "rank 0: register_fsdp_forward_method")
-    assert "encode(x) -> Tensor [4, 8, 32]" in enc and number(enc, "one process ") < 1e-15
+    assert enc.endswith("encode(x) -> Tensor [4, 8, 32], equal to one process: True"), enc
 
 
 BYTES = re.compile(r"rank 0: reshard_after_forward=(\w+): parameter bytes between forward and backward (\d+), peak (\d+)")
@@ -153,7 +153,11 @@ def test_cpu_offload(lesson):
     got = lines(lesson, "offload")
     line = the(got, "rank 0: CPUOffloadPolicy(pin_memory=False): shards on cpu")
     assert number(line, "step gap ") < 1e-12
-    assert "rank 0: CPUOffloadPolicy() (pin_memory=True): RuntimeError: Cannot access accelerator device when none is available." in got
+    # the message depends on torch's build (CPU: "Cannot access accelerator device ...", CUDA:
+    # "Found no NVIDIA driver ..."): the lesson prints the failing call, the same in both
+    assert ("rank 0: CPUOffloadPolicy() (pin_memory=True): RuntimeError raised by "
+            "`padded_sharded_param = padded_sharded_param.pin_memory()`") in got
+    assert "rank 0: an accelerator to pin memory for: False" in got
 
 
 def test_figure_plots_the_ranks_numbers(lesson):
@@ -187,7 +191,7 @@ def test_failing_launch_ends_cleanly():
     assert codes in ([1, 1], [-15, 1]), result.describe()
     for rank in result.ranks.values():
         # both tracebacks are written before the barrier, so before either rank can exit
-        assert "Cannot access accelerator device when none is available" in rank.stderr
+        assert "padded_sharded_param.pin_memory()" in rank.stderr and "RuntimeError" in rank.stderr
         assert "sharded with pinned CPU offload" not in rank.stdout
     assert result.stragglers == 0 and not session_alive(result.pgid)
 

@@ -92,6 +92,7 @@ def test_two_to_one_resharding_is_bitwise(lesson):
     assert ns["one_loss"] == ref["loss"]
     assert all(torch.equal(p, ref["params"][n]) for n, p in ns["net"].named_parameters())
     assert ns["sd"]["step"] == 1 and ns["net"][0].weight.shape == (16, 8)
+    assert 0 < ns["gap"] < 1e-6  # one backward over 8 rows: the same math, other last bits
 
 
 def test_one_to_two_resharding_is_bitwise(lesson):
@@ -100,8 +101,8 @@ def test_one_to_two_resharding_is_bitwise(lesson):
     assert out[0][0] == "rank 0: wrote step1_full by itself: ['.metadata', '__0_0.distcp']"
     for rank in (0, 1):
         assert f"rank {rank}: loaded local weight shard (8, 8) from the full (16, 8)" in out[rank]
-    assert out[0][-2:] == ["rank 0: restored step 1; step 2 loss 1.147397, equal True",
-                           "rank 0: parameters after step 2 bitwise equal to the uninterrupted run: True"]
+    assert re.fullmatch(r"rank 0: restored step 1; step 2 loss \d\.\d{6}, equal True", out[0][-2]), out
+    assert out[0][-1] == "rank 0: parameters after step 2 bitwise equal to the uninterrupted run: True"
     chunks = ns["single"].state_dict_metadata["model.0.weight"].chunks  # one process: one chunk
     assert [(list(c.offsets), list(c.sizes)) for c in chunks] == [([0, 0], [16, 8])]
     assert {"optim.state.0.weight.exp_avg", "sched.last_epoch", "step"} <= set(ns["single"].state_dict_metadata)
@@ -119,7 +120,8 @@ def test_async_save_overlaps_and_holds_the_staged_state(lesson):
     out = ns["section"](ns["run"], "async")
     assert re.fullmatch(r"rank 0: async_save returned after [\d.]+ ms \(state staged\)", out[0][0]), out
     for rank in (0, 1):  # step 3 finished while the writer was held at the gate: not done
-        assert f"rank {rank}: step 3 done (loss 0.998303); checkpoint finished before the gate opened: False" in out[rank]
+        (line,) = [x for x in out[rank] if x.startswith(f"rank {rank}: step 3 done ")]
+        assert line.endswith("; checkpoint finished before the gate opened: False"), line
     assert re.fullmatch(r"rank 0: future.result\(\) returned after [\d.]+ ms", out[0][2]), out
     assert out[0][3] == "rank 0: shards written by thread 'AsyncCheckpointExecutor_0', not 'MainThread'"
     assert out[0][4] == "rank 0: step2 has .metadata: True"
