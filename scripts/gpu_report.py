@@ -239,10 +239,12 @@ def gpu_lessons(numbers: list[str] | None):
 
 
 def lesson_command(lesson_dir: Path, out_json: Path, test_s: int) -> list[str]:
+    """pytest with the course's plugin (pyproject), this one and pytest-timeout, and no other:
+    the GPU machine's python3 holds many pytest plugins the course never asked for."""
     cmd = [sys.executable, "-m", "pytest", str(lesson_dir), "-m", MARKS, "-v", "-p", "no:cacheprovider",
            "-p", "scripts.gpu_report", "--gpu-report-json", str(out_json)]
     if importlib.util.find_spec("pytest_timeout"):
-        cmd += ["--timeout", str(test_s)]
+        cmd += ["-p", "pytest_timeout", "--timeout", str(test_s)]
     return cmd
 
 
@@ -251,10 +253,11 @@ def run_lesson(lesson, work: Path, lesson_s: int, test_s: int) -> LessonResult:
     out_json, log = work / f"{lesson.number}.json", work / f"{lesson.number}.log"
     out_json.unlink(missing_ok=True)
     t0 = time.perf_counter()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",  # a hung test's log names it
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # plugins: only those lesson_command names
     with log.open("w") as sink:
         proc = subprocess.Popen(lesson_command(lesson.dir, out_json, test_s), cwd=ROOT, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # a hang's log is complete
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             code = proc.wait(timeout=lesson_s)
         except subprocess.TimeoutExpired:
