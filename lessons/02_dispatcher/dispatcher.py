@@ -13,8 +13,9 @@
 #   `Tensor(a)` that mark in-place and view ops;
 # - how different Python spellings (`torch.mm`, `@`, `F.linear`) reach ATen overloads;
 # - what dispatch keys a tensor carries, and what `requires_grad`, `torch.no_grad()` and
-#   `torch.inference_mode()` change;
-# - how a `TorchDispatchMode` sees every ATen op a function runs, forward and backward;
+#   `torch.inference_mode()` change, for ordinary and for inference tensors;
+# - how a `TorchDispatchMode` sees every ATen op a function runs, forward and backward,
+#   and how watching with one changes what runs (the profiler shows it);
 # - how the `meta` device computes shapes and dtypes with no memory at all;
 # - why a custom op whose fake (meta) implementation lies about strides breaks later, under
 #   `torch.compile`, and how `torch.library.opcheck` catches it early.
@@ -33,7 +34,9 @@
 # outputs are pinned by this lesson's tests, so a change in a new PyTorch shows up there.
 
 # %%
+import contextlib
 import os
+from collections import Counter
 
 import torch
 import torch.nn as nn
@@ -44,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 torch.manual_seed(0)
 torch.set_num_threads(1)  # one thread: reproducible results
 DEVICE = torch.device(os.environ.get("COURSE_DEVICE", "cpu"))
+Key = torch._C.DispatchKey  # private: the dispatcher's key names
 
 
 def first_sentence(err):
@@ -204,13 +208,76 @@ for name, t in [("plain", plain), ("requires_grad", leaf), ("leaf * 2", leaf * 2
 # version counters on in-place ops and records which tensor a view came from.
 #
 # `no_grad` changes nothing on the tensors: it sets a per-thread flag, the autograd layer
-# still runs and simply records nothing. `inference_mode` goes further: inside it the
-# dispatcher *skips* the `Autograd` and `ADInplaceOrView` layers for every call, and the
-# tensors it creates are *inference tensors*, marked for good with neither key. Less work
-# per call, which can make it a little faster; and rules for its results.
+# still runs and simply records nothing. `inference_mode` goes further, and the tensors it
+# creates are *inference tensors*, which carry neither `AutogradCPU` nor `ADInplaceOrView`.
+# But which layers does a call skip inside it? That depends on the tensor.
+#
+# **Predict.** Inside `inference_mode`, take an ordinary tensor `t`, made before, and an
+# inference tensor `i`, made inside. Does `t.add_(1)` still bump `t._version`? Is `t[:2]`
+# still a view that knows its base? And for `i`? Is `t * 2` an ordinary tensor?
+
+
+# %%
+def switched_off():
+    """Which layers this thread skips for every call now (private API)."""
+    keys = {"Autograd": Key.AutogradFunctionality, "ADInplaceOrView": Key.ADInplaceOrView}
+    return {name: torch._C._dispatch_tls_is_dispatch_key_excluded(k) for name, k in keys.items()}
+
+
+def inside_inference_mode(u):
+    """What add_, [:2] and * 2 do to u inside inference_mode: one row of the table."""
+    before = u._version if not u.is_inference() else None  # an inference tensor has no counter
+    u.add_(1)  # in place
+    view = u[:2]  # (2,) a view
+    change = f"{before} -> {u._version}" if before is not None else "no counter"
+    return change, view._base is u, view.is_inference(), (u * 2).is_inference()
+
+
+off = {"no mode": switched_off()}
+with torch.no_grad():
+    off["no_grad"] = switched_off()
+t = torch.zeros(4)  # (4,) an ordinary tensor, made outside the mode
+with torch.inference_mode():
+    off["inference_mode"] = switched_off()
+    i = torch.zeros(4)  # (4,) made inside: an inference tensor
+    rows = {"ordinary t": inside_inference_mode(t), "inference i": inside_inference_mode(i)}
+    leaf_times_2 = leaf * 2  # (3,) leaf requires grad
+print("layers switched off for every call:")
+for mode, layers in off.items():
+    print(f"  {mode:<15} " + "  ".join(f"{k} {v!s:<5}" for k, v in layers.items()))
+print(f"{'tensor':<12} {'add_ on _version':<17} {'[:2]._base is it':<17} {'[:2] inference':<15} * 2 inference")
+for name, (change, based, view_inf, times2_inf) in rows.items():
+    print(f"{name:<12} {change:<17} {based!s:<17} {view_inf!s:<15} {times2_inf}")
+print(f"leaf * 2 inside: grad_fn {leaf_times_2.grad_fn}, requires_grad {leaf_times_2.requires_grad}")
+
+# %% [markdown]
+# Output:
+# ```text
+# layers switched off for every call:
+#   no mode         Autograd False  ADInplaceOrView False
+#   no_grad         Autograd False  ADInplaceOrView False
+#   inference_mode  Autograd True   ADInplaceOrView False
+# tensor       add_ on _version  [:2]._base is it  [:2] inference  * 2 inference
+# ordinary t   0 -> 1            True              False           True
+# inference i  no counter        False             True            True
+# leaf * 2 inside: grad_fn None, requires_grad False
+# ```
+#
+# The first table is the dispatcher's per-thread switchboard. Under `no_grad` nothing is
+# switched off: the autograd layer runs and reads the grad-mode flag. Under
+# `inference_mode` the autograd layer is off for every call of the thread: no call records
+# a graph, not even `leaf * 2` on a tensor that requires grad. `ADInplaceOrView` is *not*
+# switched off. It runs for every call whose inputs carry its key, that is for ordinary
+# tensors: `t.add_(1)` still bumps `t`'s version, and `t[:2]` is still a view that knows
+# its base and is itself an ordinary tensor, so that autograd can check both later, outside
+# the mode. An inference tensor carries neither key, so every call on it skips both layers,
+# inside the mode and after it: it has no version counter, and its views record no base
+# (`_base` is None) and are inference tensors too. A result that is not a view is an
+# inference tensor whoever its inputs were: `t * 2` is one.
 #
 # **Predict.** Lesson 01 said autograd tracks in-place writes with a *version counter*. What
-# is `plain._version` after two in-place writes? And for the inference tensor?
+# is `plain._version` after two in-place writes? And what may you still do, outside the
+# mode, with the inference tensor `infer`?
 
 # %%
 plain.add_(1)
@@ -291,9 +358,10 @@ print_calls(backward_calls, "  ")
 # Forward: `F.linear` with a bias is `t` + `addmm` (bias + x @ wᵀ, one fused call).
 # `cross_entropy` is no kernel of its own: it is `_log_softmax` then `nll_loss_forward`
 # (which also returns the total weight, the second `()`). The softmax is there, in its
-# numerically safer log form. The `detach` after `_log_softmax` is autograd's bookkeeping,
-# not math: the backward of `log_softmax` needs the op's own output, and autograd saves a
-# detached alias of it (saving an *input* costs no call: `mm` saves its inputs silently).
+# numerically safer log form. The `detach` after `_log_softmax` is not math. The backward
+# of `log_softmax` needs the op's own output, so autograd saves it, as a shallow copy: a new
+# record over the same storage (lesson 01). Hold that thought: the next cell shows that
+# this `detach` is there only because our mode is watching.
 #
 # Backward runs the chain rule in reverse, one ATen call per step: `ones_like` is the seed
 # dLoss/dLoss = 1; `nll_loss_backward` and `_log_softmax_backward_data` give dLoss/dlogits
@@ -302,9 +370,69 @@ print_calls(backward_calls, "  ")
 # to (3,)); the later `t`, (8, 3) -> (3, 8), is the backward of the forward's `t` and gives
 # the gradient in the shape of `weight`. The first backward `detach` unpacks the saved
 # `log_softmax` output for its backward formula; the last two belong to `AccumulateGrad`,
-# which stores each parameter's gradient in `.grad`. Nothing here is Python-level autograd:
-# every line is a C++ kernel the dispatcher chose, in an order fixed by the graph, the same
-# on every run.
+# which stores each parameter's gradient in `.grad`. The order is fixed by the graph: the
+# same on every run.
+#
+# **Predict.** An observer should not change what it observes. Profile the same step with
+# `torch.profiler`, once with no mode and once inside a mode that only runs each op
+# (`NoOp`). How many `aten::detach` calls does each profile record, and who makes them?
+
+
+# %%
+class NoOp(TorchDispatchMode):
+    """Runs every op unchanged and records nothing."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def profile_step(mode=None):
+    """The profiler's events for one training step of section 4's model, inside `mode`."""
+    w, b = weight.detach().clone().requires_grad_(), bias.detach().clone().requires_grad_()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with mode or contextlib.nullcontext():
+            F.cross_entropy(F.linear(xs, w, b), target).backward()
+    return prof.events()
+
+
+def callers(events, op):
+    """{who called: how many times} for the recorded calls of `op`."""
+    names = (e.cpu_parent.name if e.cpu_parent else "(top)" for e in events if e.name == op)
+    return Counter(n.removeprefix("torch::autograd::").removeprefix("aten::") for n in names)
+
+
+for label, mode in [("no mode", None), ("NoOp mode", NoOp())]:
+    events = profile_step(mode)
+    for op in ("aten::detach", "aten::addmm"):
+        found = callers(events, op)
+        print(f"{label:<10} {op:<13} {sum(found.values())}  called by "
+              + ", ".join(f"{k} {v}" for k, v in sorted(found.items())))
+
+# %% [markdown]
+# Output:
+# ```text
+# no mode    aten::detach  2  called by AccumulateGrad 2
+# no mode    aten::addmm   1  called by linear 1
+# NoOp mode  aten::detach  6  called by AccumulateGrad 2, LogSoftmaxBackward0 1, PythonDispatchMode 2, _log_softmax 1
+# NoOp mode  aten::addmm   2  called by PythonDispatchMode 1, linear 1
+# ```
+#
+# With no mode, the step calls `aten::detach` twice, both from `AccumulateGrad`. With a
+# mode that changes nothing, the profiler records 6. Two effects add up. First, every op
+# that reaches a Python mode is recorded twice: once when it is called, and once more when
+# the mode runs it (`func(*args)`, under `PythonDispatchMode`); `addmm` goes from 1 to 2
+# that way, and `AccumulateGrad`'s 2 detaches count 4. Second, two detaches appear that do
+# not exist without a mode: one inside `_log_softmax` and one inside `LogSoftmaxBackward0`.
+# Saving the output for backward, and unpacking it there, makes a shallow copy of the
+# tensor. With no mode, that copy is plain C++ that calls no operator. With a Python mode
+# active, PyTorch makes the copy by calling `aten::detach` through the mode instead (in
+# `TensorImpl::shallow_copy_and_detach`, so that a mode which substitutes tensors of its
+# own, like the fake tensors of `torch.compile`, gets its own kind of copy back). Saving an *input* keeps the tensor itself (no copy, no
+# call): no detach appears inside `addmm`, whose backward needs its inputs, not its output.
+#
+# So `OpLog`'s 1 + 3 detaches are 2 from autograd and 2 that the watching itself caused.
+# An observer can change what it observes; the profiler (which is not a dispatch mode)
+# shows what runs when nobody watches with a mode.
 
 # %% [markdown]
 # ## 5. Meta tensors: shapes without data
@@ -517,10 +645,15 @@ for name, op in [("double_bad", double_bad), ("double_good", double_good)]:
 #   ops before a dispatch mode sees anything; `torch.mm(x, w)` and `x @ w` end in the same
 #   `aten.mm.default`.
 # - Dispatch keys choose the layers: an ordinary CPU tensor carries `AutogradCPU` whether
-#   or not it requires grad; `no_grad` sets a flag, `inference_mode` skips the autograd
-#   layers and makes inference tensors, which have no version counter.
-# - A `TorchDispatchMode` sees each ATen call, forward and backward: the exact program
-#   autograd builds, reproducible line for line.
+#   or not it requires grad; `no_grad` sets a flag and switches no layer off.
+#   `inference_mode` switches the autograd layer off for every call, but not
+#   `ADInplaceOrView`: ordinary tensors still get version bumps and tracked views inside
+#   it. Its non-view results are inference tensors, which carry neither key: no version
+#   counter, no tracked views, and no use in autograd afterwards.
+# - A `TorchDispatchMode` sees each ATen call, forward and backward, in an order fixed by
+#   the graph. It also changes what runs: while a Python mode is active, autograd's shallow
+#   copies of saved outputs become `aten::detach` calls. The profiler, with no mode, shows
+#   what runs when nobody watches.
 # - `meta` tensors propagate shapes and dtypes through whole models with no memory.
 # - A custom op's fake implementation is a contract on shape, dtype *and strides*; break it
 #   and eager code works while compiled code fails far from the op. Run
@@ -528,9 +661,10 @@ for name, op in [("double_bad", double_bad), ("double_good", double_good)]:
 #
 # ## Exercises
 #
-# Open `exercises.py` in this folder and implement `count_aten_ops(fn, *args)`: run
-# `fn(*args)` under a dispatch mode of your own and return how many times each ATen
-# overload ran, as `{"aten.mm.default": 1, ...}`. Check it with `make exercises N=02`: the
-# tests compare it with a reference mode on functions chosen to catch the usual slips
-# (overloads, repeated ops, factory functions, ops from other namespaces). `solutions.py`
-# has one way to write it.
+# Open `exercises.py` in this folder and implement `written_inputs(fn, *inputs)`: which of
+# its inputs does `fn` write to? Answer from the schemas of the ops it runs (section 1),
+# seen by a dispatch mode of your own (section 2), not from values or version counters:
+# a write may leave every value unchanged, and `fn` may run on inference tensors, which have
+# no counter (section 3). Mind the writes that go through a view, into an `out=` argument,
+# or into a list of tensors. Check it with `make exercises N=02`; `solutions.py` has one way
+# to write it.

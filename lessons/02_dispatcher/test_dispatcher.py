@@ -1,13 +1,13 @@
 """Tests of lesson 02: documented outputs, the lesson's key values (schemas, dispatch keys,
-the op log of a training step, meta tensors, the custom op's stride contract) and the
-exercise, against a reference dispatch mode.
+inference_mode per tensor kind, the op log of a training step and what the profiler records
+with and without a mode, meta tensors, the custom op's stride contract) and the exercise,
+against what really happens (version counters and values, on cases where they can tell),
+with plausible wrong answers that the cases must catch.
 
 The lesson registers its custom ops (course02::double_bad, course02::double_good) once, when
 the `lesson` fixture runs the script; these tests use the ops from `lesson.ns` and never
 register them again.
 """
-
-from collections import Counter
 
 import pytest
 import torch
@@ -72,6 +72,29 @@ def test_dispatch_keys_and_grad_modes(lesson):
         ns["infer"]._version
 
 
+def test_inference_mode_per_tensor_kind(lesson):
+    """What the prose says inference_mode does, per tensor kind, re-measured here."""
+    ns = lesson.ns
+    off = ns["off"]
+    assert off["no mode"] == off["no_grad"] == {"Autograd": False, "ADInplaceOrView": False}
+    assert off["inference_mode"] == {"Autograd": True, "ADInplaceOrView": False}
+    assert ns["rows"]["ordinary t"] == ("0 -> 1", True, False, True)
+    assert ns["rows"]["inference i"] == ("no counter", False, True, True)
+    leaf = ns["leaf"]
+    t = torch.zeros(4)
+    with torch.inference_mode():
+        i = torch.zeros(4)
+        t.add_(1)  # ordinary: ADInplaceOrView still bumps the version...
+        view = t[:2]  # ...and still records the base
+        inferred, product = t * 2, leaf * 2
+        assert not torch.is_grad_enabled()
+    assert t._version == 1 and view._base is t and not view.is_inference()
+    assert i.is_inference() and i[:2]._base is None and inferred.is_inference()
+    assert product.grad_fn is None and not product.requires_grad  # autograd off, even for leaf
+    assert torch._C._dispatch_keys(view) == torch._C._dispatch_keys(t)  # an ordinary view
+    assert not torch._C._dispatch_keys(i[:2]).has(Key.ADInplaceOrView)
+
+
 def test_training_step_log(lesson):
     ns = lesson.ns
     forward = [str(f) for f, _, _ in ns["forward_calls"]]
@@ -81,7 +104,9 @@ def test_training_step_log(lesson):
     assert backward[0] == "aten.ones_like.default"
     assert backward.index("aten.nll_loss_backward.default") < backward.index(
         "aten._log_softmax_backward_data.default") < backward.index("aten.mm.default")
-    assert backward.count("aten.detach.default") == 3
+    # what the mode sees: 1 + 3 detaches; 2 of them exist only because a mode is active
+    # (test_profiler_shows_the_observer_effect)
+    assert forward.count("aten.detach.default") == 1 and backward.count("aten.detach.default") == 3
     # the logged step computed the right gradients: dL/dlogits = (softmax - onehot) / N
     xs, target, weight, bias = ns["xs"], ns["target"], ns["weight"], ns["bias"]
     logits = xs @ weight.detach().t() + bias.detach()  # (N, C)
@@ -96,6 +121,27 @@ def test_training_step_log_is_deterministic(lesson):
     with ns["OpLog"]() as log:
         F.cross_entropy(F.linear(ns["xs"], w, b), ns["target"]).backward()
     assert log.calls == ns["step_log"].calls  # same ops, same shapes, same order
+
+
+def test_profiler_shows_the_observer_effect(lesson):
+    ns = lesson.ns
+    plain, watched = ns["profile_step"](), ns["profile_step"](ns["NoOp"]())
+    callers = ns["callers"]
+    assert callers(plain, "aten::detach") == {"AccumulateGrad": 2}  # with no mode: 2
+    assert callers(plain, "aten::addmm") == {"linear": 1}
+    assert callers(watched, "aten::detach") == {  # with a mode that changes nothing: 6
+        "AccumulateGrad": 2, "PythonDispatchMode": 2, "_log_softmax": 1, "LogSoftmaxBackward0": 1}
+    assert callers(watched, "aten::addmm") == {"linear": 1, "PythonDispatchMode": 1}  # recorded twice
+    # the OpLog of section 4 saw 4 detaches: autograd's 2 plus the 2 the mode caused
+    logged = [str(f) for f, _, _ in ns["step_log"].calls].count("aten.detach.default")
+    made_by_mode = sum(n for k, n in callers(watched, "aten::detach").items() if k != "PythonDispatchMode")
+    assert logged == made_by_mode == 4
+    # gradients are the same with and without the mode: watching changes the calls, not the math
+    w1, w2 = (ns["weight"].detach().clone().requires_grad_() for _ in range(2))
+    F.cross_entropy(F.linear(ns["xs"], w1, ns["bias"].detach()), ns["target"]).backward()
+    with ns["NoOp"]():
+        F.cross_entropy(F.linear(ns["xs"], w2, ns["bias"].detach()), ns["target"]).backward()
+    assert torch.equal(w1.grad, w2.grad)
 
 
 def test_meta_tensors(lesson):
@@ -137,83 +183,201 @@ def test_opcheck_catches_the_careless_fake(lesson):
 
 
 # ----------------------------------------------------------------------------------------
-# Exercise: count_aten_ops against a reference mode
+# Exercise: written_inputs, against what really happens (version counters and values)
 
 
-class Reference(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.counts = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "aten":
-            self.counts[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def reference_counts(fn, *args):
-    with Reference() as ref:
-        fn(*args)
-    return dict(ref.counts)
-
-
-def make_args():
+def make_inputs():
+    """Three (4, 3) float tensors that share no memory; no value is 0 or 1."""
     g = torch.Generator().manual_seed(0)
-    return {
-        "x": torch.randn(4, 8, generator=g),  # (N, D)
-        "w": torch.randn(3, 8, generator=g),  # (C, D)
-        "b": torch.randn(3, generator=g),  # (C,)
-        "v": torch.randn(8, generator=g),  # (D,)
-    }
+    return [torch.rand(4, 3, generator=g) + 2 for _ in range(3)]  # (4, 3) each, values in [2, 3)
 
 
-# name -> (fn, names of its arguments in make_args()); each catches a plausible slip
+def really_written(fn):
+    """Independent of schemas: the inputs whose version counter moved or whose values changed,
+    run on ordinary tensors (a write that keeps every value still bumps the version)."""
+    inputs = make_inputs()
+    versions, values = [t._version for t in inputs], [t.clone() for t in inputs]
+    fn(*inputs)
+    return {k for k, t in enumerate(inputs)
+            if t._version != versions[k] or not torch.equal(t, values[k])}
+
+
+def set_row(a, b, c):
+    a[1] = 5.0  # select, then fill_ on the view
+
+
+def each_row(a, b, c):
+    for row in b.unbind(0):  # (3,) views of b
+        row.add_(1)
+
+
+def sort_into(a, b, c):
+    torch.sort(a, dim=-1, out=(c, torch.empty(4, 3, dtype=torch.long)))  # values into c
+
+
+# name -> fn(a, b, c); the comment says which slip the case catches
 CASES = {
-    "one-mm": (lambda x, w: torch.mm(x, w.t()), "xw"),  # a t view, then mm
-    "matmul-composite": (lambda x, w: x @ w.t(), "xw"),  # no aten.matmul: decomposed
-    "linear-with-bias": (lambda x, w, b: F.linear(x, w, b), "xwb"),  # t + addmm, no aten.linear
-    "repeated-op": (lambda x, w: (x @ w.t()) @ (w @ x.t()), "xw"),  # counts, not a set
-    "overloads": (lambda x, v: (x + v, x + 1, x.sum(), x.sum(0), x.max(), x.max(0)), "xv"),
-    "in-place": (lambda x: x.clone().add_(1).mul_(2).relu_(), "x"),  # add_.Tensor, not add.Tensor
-    "factory": (lambda v: torch.zeros(8) + torch.ones_like(v) + torch.arange(8), "v"),  # no tensor input
-    "python-number": (lambda v: v.sum().item() + v[0].item(), "v"),  # _local_scalar_dense
-    "other-namespace": (lambda v: torch.ops.prims.convert_element_type.default(v, torch.float64) + v,
-                        "v"),  # prims.* is not aten
-    "softmax-loss": (lambda x, w, b: F.cross_entropy(F.linear(x, w, b), torch.tensor([0, 2, 1, 0])),
-                     "xwb"),
-    "nothing": (lambda v: None, "v"),  # no op at all: {}
+    "in-place": lambda a, b, c: a.add_(b),  # b is only read
+    "functional": lambda a, b, c: a.add(b) * c,  # nothing written
+    "views-only": lambda a, b, c: (a.t(), b[0], c.view(-1)),  # Tensor(a) aliases, writes nothing
+    "through-a-view": lambda a, b, c: b[1:].mul_(2),  # the written tensor is not the input
+    "indexed-assignment": set_row,
+    "same-values": lambda a, b, c: c.mul_(1),  # no value changes
+    "out-argument": lambda a, b, c: torch.add(a, b, out=c),  # keyword-only, not `self`
+    "two-outputs": sort_into,
+    "tensor-list": lambda a, b, c: torch._foreach_add_([a, c], 1.0),  # Tensor(a!)[]
+    "clone-then-write": lambda a, b, c: a.clone().add_(1),
+    "result-then-write": lambda a, b, c: (a + b).relu_(),
+    "reshape-is-a-view": lambda a, b, c: b.reshape(-1).add_(1),  # contiguous: a view (lesson 01)
+    "reshape-copies": lambda a, b, c: b.t().reshape(-1).add_(1),  # transposed: a copy
+    "contiguous-is-itself": lambda a, b, c: c.contiguous().zero_(),
+    "list-of-views": each_row,
+    "copy-into": lambda a, b, c: a[0].copy_(b[0]),  # a written, b read
+    "through-data": lambda a, b, c: b.data.zero_(),  # same storage, no autograd
+    "nothing": lambda a, b, c: None,
 }
 
 
-@pytest.mark.exercise("count_aten_ops")
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_count_aten_ops_matches_reference(exercise_module, case):
-    fn, names = case
-    args = [make_args()[n] for n in names]
-    expected = reference_counts(fn, *args)
-    got = exercise_module.count_aten_ops(fn, *args)
-    assert isinstance(got, dict) and dict(got) == expected
+def in_inference_mode(fn):
+    def run(*args):
+        with torch.inference_mode():
+            return fn(*args)
+    return run
 
 
-@pytest.mark.exercise("count_aten_ops")
-def test_count_aten_ops_forward_only_with_grad(exercise_module):
-    """Inputs that require grad: count what the forward runs, autograd's detach included."""
-    args = make_args()
-    w = args["w"].requires_grad_()
-    fn = lambda x, w, b: F.cross_entropy(F.linear(x, w, b), torch.tensor([0, 2, 1, 0]))  # noqa: E731
-    expected = reference_counts(fn, args["x"], w, args["b"])
-    assert exercise_module.count_aten_ops(fn, args["x"], w, args["b"]) == expected
-    assert w.grad is None  # forward only: nothing ran backward
+def inference_inputs():
+    with torch.inference_mode():
+        return [t.clone() for t in make_inputs()]  # inference tensors: no version counter
+
+
+# writes that leave every value unchanged, on inference tensors: neither values nor
+# version counters can tell; only the schemas can
+INFERENCE_CASES = {
+    "inference-same-values": lambda a, b, c: a[0].mul_(1),
+    "inference-copy-itself": lambda a, b, c: c.copy_(c.clone()),
+    "inference-out-argument": lambda a, b, c: torch.mul(b, 1, out=b),
+}
+
+
+@pytest.mark.exercise("written_inputs")
+@pytest.mark.parametrize("fn", CASES.values(), ids=CASES.keys())
+def test_written_inputs(exercise_module, fn):
+    got = exercise_module.written_inputs(fn, *make_inputs())
+    assert set(got) == really_written(fn)
+
+
+@pytest.mark.exercise("written_inputs")
+@pytest.mark.parametrize("fn", INFERENCE_CASES.values(), ids=INFERENCE_CASES.keys())
+def test_written_inputs_on_inference_tensors(exercise_module, fn):
+    got = exercise_module.written_inputs(in_inference_mode(fn), *inference_inputs())
+    assert set(got) == really_written(fn)  # the same function on ordinary tensors
+
+
+@pytest.mark.exercise("written_inputs")
+def test_written_inputs_runs_fn_once(exercise_module):
+    calls = []
+    exercise_module.written_inputs(lambda a, b, c: calls.append(a.add_(1)), *make_inputs())
+    assert len(calls) == 1
 
 
 def test_exercise_cases_are_varied():
-    """The cases must tell apart the usual slips, or the exercise tests prove little."""
-    counts = {name: reference_counts(fn, *[make_args()[n] for n in names])
-              for name, (fn, names) in CASES.items()}
-    assert counts["repeated-op"]["aten.mm.default"] == 3
-    assert counts["linear-with-bias"] == {"aten.t.default": 1, "aten.addmm.default": 1}
-    assert {"aten.sum.default", "aten.sum.dim_IntList", "aten.max.default", "aten.max.dim"} <= set(
-        counts["overloads"])
-    assert "aten.add_.Tensor" in counts["in-place"] and "aten.zeros.default" in counts["factory"]
-    assert counts["python-number"]["aten._local_scalar_dense.default"] == 2
-    assert counts["other-namespace"] == {"aten.add.Tensor": 1} and counts["nothing"] == {}
+    """The expected answers cover empty, single, several and non-first positions, and the
+    cases where values, or version counters, alone would be wrong."""
+    answers = {name: really_written(fn) for name, fn in {**CASES, **INFERENCE_CASES}.items()}
+    assert {frozenset(), frozenset({0}), frozenset({1}), frozenset({2}), frozenset({0, 2})} <= {
+        frozenset(a) for a in answers.values()}
+    for name in ("same-values", *INFERENCE_CASES):  # a write that keeps every value
+        fn, inputs = {**CASES, **INFERENCE_CASES}[name], make_inputs()
+        before = [t.clone() for t in inputs]
+        fn(*inputs)
+        assert answers[name] and all(torch.equal(t, u) for t, u in zip(inputs, before)), name
+    inputs = make_inputs()
+    CASES["through-data"](*inputs)  # a write the version counters miss: .data has its own
+    assert answers["through-data"] and all(t._version == 0 for t in inputs)
+
+
+# Plausible wrong answers; each must fail at least one exercise case.
+def _by_values(fn, *inputs):
+    before = [t.clone() for t in inputs]
+    fn(*inputs)
+    return {k for k, t in enumerate(inputs) if not torch.equal(t, before[k])}
+
+
+def _by_versions(fn, *inputs):
+    before = [t._version for t in inputs]
+    fn(*inputs)
+    return {k for k, t in enumerate(inputs) if t._version != before[k]}
+
+
+class _Schemas(TorchDispatchMode):
+    """Configurable: which arguments count as written, and how they are matched to inputs."""
+
+    def __init__(self, inputs, rule):
+        super().__init__()
+        self.inputs, self.rule, self.hit = inputs, rule, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for k, arg in enumerate(func._schema.arguments):
+            value = args[k] if k < len(args) else kwargs.get(arg.name)
+            self.hit |= self.rule(func, k, arg, value, self.inputs)
+        return func(*args, **kwargs)
+
+
+def _same_storage(value, inputs, identity=False):
+    vals = value if isinstance(value, (list, tuple)) else [value]
+    match = (lambda v, t: v is t) if identity else (
+        lambda v, t: v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr())
+    return {i for v in vals if isinstance(v, torch.Tensor) for i, t in enumerate(inputs) if match(v, t)}
+
+
+def _written(arg):
+    return arg.alias_info is not None and arg.alias_info.is_write
+
+
+WRONG_RULES = {
+    "name ends with _": lambda f, k, a, v, ins: _same_storage(v, ins) if k == 0 and
+    f._schema.name.endswith("_") else set(),
+    "any alias is a write": lambda f, k, a, v, ins: _same_storage(v, ins) if a.alias_info else set(),
+    "identity, not storage": lambda f, k, a, v, ins: _same_storage(v, ins, identity=True) if _written(a)
+    else set(),
+    "every tensor of a writing op": lambda f, k, a, v, ins: _same_storage(v, ins) if any(
+        map(_written, f._schema.arguments)) else set(),
+    "positional arguments only": lambda f, k, a, v, ins: _same_storage(v, ins) if _written(a) and
+    not a.kwarg_only else set(),
+    "single tensors only": lambda f, k, a, v, ins: _same_storage(v, ins) if _written(a) and
+    isinstance(v, torch.Tensor) else set(),
+}
+
+
+def _with_rule(rule):
+    def written_inputs(fn, *inputs):
+        with _Schemas(inputs, rule) as mode:
+            fn(*inputs)
+        return mode.hit
+    return written_inputs
+
+
+def _fails_a_case(answer):
+    for fn in CASES.values():
+        if set(answer(fn, *make_inputs())) != really_written(fn):
+            return True
+    for fn in INFERENCE_CASES.values():
+        try:
+            if set(answer(in_inference_mode(fn), *inference_inputs())) != really_written(fn):
+                return True
+        except RuntimeError:  # e.g. reading _version of an inference tensor
+            return True
+    return False
+
+
+@pytest.mark.parametrize("wrong", [_by_values, _by_versions, *map(_with_rule, WRONG_RULES.values())],
+                         ids=["values", "versions", *WRONG_RULES])
+def test_exercise_cases_catch_wrong_answers(wrong):
+    assert _fails_a_case(wrong)
+
+
+def test_exercise_solution_passes_every_case():
+    """The same harness accepts a right answer (the right rule in the configurable mode)."""
+    right = _with_rule(lambda f, k, a, v, ins: _same_storage(v, ins) if _written(a) else set())
+    assert not _fails_a_case(right)
