@@ -48,7 +48,7 @@ def test_simulated_gpu_timer_lies(lesson):
     work_ms, med = ns["gpu"].work * 1e3, ns["med"]
     assert {k: len(v) for k, v in ns["runs"].items()} == {"no sync": 7, "sync": 7, "4 calls, sync": 7}
     assert med["no sync"] < 0.1 * work_ms  # the launch, not the work
-    assert work_ms <= med["sync"] < 3 * work_ms  # the work (sleep never wakes early)
+    assert work_ms <= med["sync"] < 10 * work_ms  # the work (sleep never wakes early)
     assert 4 * work_ms <= med["4 calls, sync"]  # the device works through the queue in order
 
 
@@ -244,7 +244,7 @@ def test_roofline_regimes(lesson):
     rate = {k: f / t for k, (f, _, t) in points.items()}
     # memory-bound: the chain runs near the bandwidth slope, far below the peak
     assert 0.2 < rate["elementwise chain"] / (bw * 0.125) < 2
-    assert rate["elementwise chain"] < 0.2 * rate["1024² matmul"]
+    assert rate["elementwise chain"] < 0.3 * rate["1024² matmul"]
     # overhead-bound: the 16² matmul takes about as long as a 1x1 one
     assert ns["tiny_s"] < 3 * ns["call_s"] and rate["16² matmul"] < 0.5 * min(peak, bw * 16 / 6)
     assert 1e9 < bw < 1e12  # bytes/s: a real measurement, not a unit slip
