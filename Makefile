@@ -8,6 +8,7 @@
 #   make drift TORCH=2.14.1  run every lesson's output check on another torch (build/drift-*.md)
 #   make clean-venv     remove the venv (e.g. one made by a too-old Python)
 #   make readme         regenerate the README's course map from lessons/course.toml
+#   make gpu-report     the GPU tests lesson by lesson, written to results/gpu/<device>.md
 #   make test-gpu       the CUDA / MPS / multi-GPU tests (skipped with reasons on a CPU machine)
 #   make test-portable  the documented outputs under simulated AVX2 / no-vector CPUs
 #   make test-pythons   the suite on Python 3.12 and 3.13 too (venvs under build/)
@@ -18,7 +19,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # pip's progress shows on a terminal; in a log (CI, a pipe) pip stays quiet.
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu: take torch's CPU-only build from PyTorch's
+# own index (an extra index: PyPI still serves the rest). Untested on the course's machines.
+TORCH_INDEX ?=
 PIP_INSTALL = $(PY) -m pip install --disable-pip-version-check $$(test -t 1 || echo --quiet) \
+	$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
 	$$($(PY) scripts/deps.py dev)
 # pytest-xdist: two workers on two cores; a lesson's tests stay in one worker (its script
 # and notebook run once per test module).
@@ -62,6 +67,17 @@ test-slow: install
 
 test-gpu: install
 	$(PY) -m pytest -m "cuda or mps or multigpu"
+
+# Every cuda/multigpu test, lesson by lesson, with the figures the tests record, written to
+# results/gpu/<device>.md; without a GPU, one line and nothing written. gpu-report-here runs
+# under $(PYTHON) as it is, no venv: the lent GPU machine's python3 has its own torch (not the
+# pin) and no notebook tools. GPU_REPORT_ARGS: e.g. --lessons 07 08, --dry-run.
+.PHONY: gpu-report gpu-report-here
+gpu-report: install
+	$(PY) -m scripts.gpu_report $(GPU_REPORT_ARGS)
+
+gpu-report-here:
+	$(PYTHON) -m scripts.gpu_report $(GPU_REPORT_ARGS)
 
 exercises: install
 	@$(PY) -m scripts.exercises "$(N)"
