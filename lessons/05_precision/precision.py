@@ -593,9 +593,9 @@ print(f"norm reaching SGD: {wrong_rows[0]['used']:.3g} = {MAX_NORM} / "
 # Clipping saw the gradients of `loss × 65536`, so the norm it measured (and that you
 # would log) is 65,536 times the true one, and it cut the gradients down to norm 0.5 *in
 # scaled units*. `unscale_` then divided by 65,536: the optimizer stepped with a gradient
-# 65,536 times too small, and nothing failed. With SGD the model just stops learning; with
-# Adam, whose step divides by the gradient's own running size, the damage is harder to
-# see. Unscale first, then clip.
+# 65,536 times too small, and nothing failed. With SGD the model just stops learning.
+# Adam divides by the gradient's own running size, so its steps barely change: the bug
+# hides, and the clipping you asked for silently does nothing. Unscale first, then clip.
 #
 # ### bfloat16 needs no scaler
 #
@@ -637,7 +637,7 @@ print(f"bfloat16, 4 steps without a scaler: scale {bf16_rows[0]['scale']:.0f}, l
 # bfloat16, 4 steps without a scaler: scale 1, losses 1.51, 1.36, 1.32, 1.55
 # ```
 #
-# In float16 every gradient of the logits (about 1e-8) rounds to 0 on its way back into
+# In float16 every gradient of the logits (below 1e-8) rounds to 0 on its way back into
 # the float16 graph, and nothing upstream survives: the step would do nothing. Scaled by
 # 65,536 they become normal float16 numbers, and unscaling in float32 brings back the
 # float32 gradient. bfloat16 reaches down to 1e-38 like float32, so it keeps them with no

@@ -161,6 +161,20 @@ def test_training_step_in_order(lesson):
     assert wrong["loss"] == true["loss"]  # the same first forward pass
 
 
+def test_train_step_updates_with_the_clipped_true_gradient(lesson):
+    """One SGD step moves the weights by lr x the clipped norm: scaler.step does not unscale twice."""
+    ns = lesson.ns
+    model = ns["make_model"]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    row = ns["train_step"](model, opt, sched, torch.amp.GradScaler("cpu"), ns["xs"][:16],
+                           ns["ys"][:16], torch.float16)
+    moved = torch.cat([(p.detach() - a).flatten() for a, p in zip(before, model.parameters())])
+    assert row["norm"] > ns["MAX_NORM"]
+    assert moved.norm().item() == pytest.approx(0.1 * ns["MAX_NORM"], rel=1e-3)
+
+
 def test_train_step_skips_and_backs_off_on_overflow(lesson):
     """The lesson's step on a batch that overflows float16: no update, scale halved, lr moves on."""
     ns = lesson.ns
