@@ -168,10 +168,11 @@ print(f"float32 step in [1, 2): {ulp:.3g}; one addition moves 1.0 by {moved:.6g}
 # one of the 10,000 additions is lost, not just a little of each. float32 gets there, 2e-4
 # too far. All partial sums but the last two lie in [1, 2), where float32's numbers are
 # 2**-23 = 1.19e-7 apart, and 1e-4 is 838.86 of those steps: each addition rounds to 839
-# steps, 1.7e-8 too much, and 10,000 of them add up to 1.7e-4, which prints as 2.0002. (The rounding is IEEE arithmetic
-# on one scalar: these digits are the same on every CPU.) A typical
-# optimizer update is 1e-3 to 1e-5 of the weight it changes, below bfloat16's half-step of
-# 0.4%, so a model whose weights were stored in bfloat16 would mostly stop learning.
+# steps, 1.7e-8 too much, and 10,000 of them add up to 1.7e-4, which prints as 2.0002.
+# (The rounding is IEEE arithmetic on one scalar: these digits are the same on every CPU.)
+# A typical optimizer update is 1e-3 to 1e-5 of the weight it changes, below bfloat16's
+# half-step of 0.4%, so a model whose weights were stored in bfloat16 would mostly stop
+# learning.
 # Mixed precision therefore keeps a float32 *master copy* of the weights, and the
 # optimizer's running averages in float32 too; only the products that read them run in 16
 # bits.
@@ -473,13 +474,14 @@ for name in ("bfloat16", "float16"):
 # ```
 #
 # The ratios are your CPU's (times vary a little from run to run; the ratios' order of
-# magnitude does not). A bfloat16 ratio below 1 means the CPU multiplies bfloat16 in
-# hardware: AVX-512 BF16 or AMX instructions, which oneDNN (PyTorch's CPU library for such
-# kernels) uses when they are there. A ratio of tens means it has none: each product is
-# computed through conversions to float32 in a slower path. float16 is slower than float32 on most CPUs:
-# only recent server CPUs (AMX-FP16, AVX512-FP16) multiply it natively. The tests check
-# these directions against the flags your CPU reports. On GPUs the 16-bit formats are the
-# fast ones (this lesson's CUDA test measures fp32, TF32, fp16 and bf16 matmuls).
+# magnitude does not). A bfloat16 ratio near or below 1 means the CPU multiplies bfloat16
+# in hardware: AVX-512 BF16 or AMX instructions, which oneDNN (PyTorch's CPU library for
+# such kernels) uses when they are there. A ratio of tens means it has none: each product
+# is computed through conversions to float32 in a slower path. float16 is slower than
+# float32 on most CPUs: only recent server CPUs (AMX-FP16, AVX512-FP16) multiply it
+# natively. The tests check these directions against the flags your CPU reports. On GPUs
+# the 16-bit formats are the fast ones (this lesson's CUDA test measures fp32, TF32, fp16
+# and bf16 matmuls).
 
 # %% [markdown]
 # ## 5. A mixed-precision training step, in order
@@ -626,7 +628,8 @@ for name, value in tiny.items():
     print(f"{name:21} gradient norm / float32's {value / reference:.2f}")
 bf16_rows = train(torch.bfloat16, use_scaler=False)
 bf16_losses = ", ".join(f"{r['loss']:.2f}" for r in bf16_rows)
-print(f"bfloat16, 4 steps without a scaler: scale {bf16_rows[0]['scale']:.0f}, losses {bf16_losses}")
+print(f"bfloat16, 4 steps without a scaler: scale {bf16_rows[0]['scale']:.0f}, "
+      f"losses {bf16_losses}")
 
 # %% [markdown]
 # Output:
@@ -842,11 +845,12 @@ print(f"validation accuracy: torch {acc:.3f}, numpy {acc_np:.3f}")
 # ```
 #
 # At step 1 all logits are 0, the softmax is uniform over 4 classes, and the loss is
-# −ln(1/4) = ln 4 = 1.3863. The two optimizers then agree for all 300 steps to within
-# a few times 1e-16 (4.4e-16 where this lesson was written; the exact digits depend on the
-# CPU's kernels, hence «number» above, and the test checks < 1e-14), two units in the last place of weights of size 1 to 2 (float64's step between
-# 1 and 2 is 2.2e-16): the gap is rounding, because PyTorch evaluates the same formulas
-# in a slightly different order, and it stays at that level instead of growing.
+# −ln(1/4) = ln 4 = 1.3863. The two optimizers then agree for all 300 steps to within a
+# few units in the last place of weights of size 1 to 2, where float64's numbers are
+# 2.2e-16 apart (the exact gap depends on the CPU's kernels, hence «number» above; the
+# test checks that it stays below 1e-14): the gap is rounding, because PyTorch evaluates
+# the same formulas in a slightly different order, and it stays at that level instead of
+# growing.
 # `torch.optim.AdamW` *is* the few lines of `NumpyAdamW.step`. The clouds overlap, so a linear
 # classifier cannot be perfect: 86.5% of the validation points land on their own side.
 
