@@ -780,13 +780,13 @@ print(f"1024x1024 matmul: {rates[1024]:.1f} GFLOP/s = {rates[1024] * 1e9 / peak:
 # ("AVX512", "AVX2" or "DEFAULT" on x86). The clock is the least certain part. Linux on
 # real hardware reports the maximum (turbo) clock in `cpufreq`, and that is what we use:
 # it makes the peak an upper bound. A virtual machine usually has no `cpufreq` and
-# `/proc/cpuinfo` shows its base clock, below what the core reaches under load; elsewhere
-# (macOS, Windows) we assume 3.0 GHz. The parenthesis says which one you got. The table
-# is an estimate too: the BLAS library picks its own kernels, which need not match the ISA
+# `/proc/cpuinfo` shows its base clock, which a busy core may exceed; elsewhere (macOS,
+# Windows) we assume 3.0 GHz. The parenthesis says which one you got. The table is an
+# estimate too: the BLAS library picks its own kernels, which need not match the ISA
 # PyTorch reports, and some cores run AVX-512 at half the table's rate (one 512-bit FMA
-# unit, or two 256-bit halves). So read
-# the percentage as "about": a value above 100% means the estimate, not the matmul, is
-# wrong. A large matmul is the best a core does, so it bounds what any model can reach.
+# unit, or two 256-bit halves). So read the percentage as "about": a value above 100%
+# means the estimate, not the matmul, is wrong. A large matmul is about the best a core
+# does, so it bounds what a model's step can reach.
 #
 # Model FLOPs utilisation (MFU) is achieved FLOP/s of the *model's* FLOPs divided by that
 # peak. Here it is for the training step we profiled in section 5, with the FLOPs the
