@@ -4,14 +4,20 @@
   ``multirank`` (launches ranks on CPU with gloo, never skipped), ``slow``, ``exercise(name)``.
 - Fixtures for lesson tests: ``lesson`` (the script run once per test module),
   ``lesson_notebook`` (the notebook executed once per test module) and ``exercise_module``
-  (``solutions.py``, or the student's ``exercises.py`` with ``--exercises``).
+  (``solutions.py``, or the student's ``exercises.py`` with ``--exercises``). For a lesson
+  whose manifest has ranks > 1, both runs also fail if any process they launched is still
+  alive afterwards (``no_rank_left``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import signal
 import sys
+import time
+import uuid
 from pathlib import Path
 from types import ModuleType
 
@@ -86,16 +92,58 @@ def course_lesson(request: pytest.FixtureRequest) -> manifest.Lesson:
     return manifest.for_path(request.path)
 
 
+RUN_MARK = "COURSE_LESSON_RUN"  # set while a lesson runs: its kernel, torchrun and ranks inherit it
+
+
+def leftovers(lesson: manifest.Lesson, token: str) -> list[str]:
+    """`pid args` of the processes a lesson's run left: carrying the run's token (Linux) and
+    naming the lesson's folder on their command line (torchrun and the ranks do)."""
+    from scripts import multirank  # the course's kit: the lessons launch with it
+
+    found = multirank.running(lesson.dir)
+    if Path("/proc").is_dir():  # only what this run started: not another run of the same lesson
+        ours = {str(pid) for pid in multirank.marked(token, RUN_MARK)}
+        found = [line for line in found if line.split()[0] in ours]
+    return found
+
+
+@contextlib.contextmanager
+def no_rank_left(lesson: manifest.Lesson):
+    """For a lesson whose manifest has ranks > 1: after its script or notebook has run, no
+    process it launched may still be alive. Any that is gets killed, and the run fails."""
+    if lesson.ranks <= 1:
+        yield
+        return
+    token, previous = uuid.uuid4().hex, os.environ.get(RUN_MARK)
+    os.environ[RUN_MARK] = token
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[RUN_MARK]
+        else:
+            os.environ[RUN_MARK] = previous
+        end = time.monotonic() + 5  # SIGKILLed processes take a moment to vanish
+        while (left := leftovers(lesson, token)) and time.monotonic() < end:
+            time.sleep(0.2)
+        for line in left:  # never leave them running, whatever the outcome
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert not left, f"lesson {lesson.number} left {len(left)} processes running (now killed): {left}"
+
+
 @pytest.fixture(scope="module")
 def lesson(course_lesson: manifest.Lesson) -> checker.LessonRun:
-    run = checker.run_script(course_lesson.script)
+    with no_rank_left(course_lesson):
+        run = checker.run_script(course_lesson.script)
     run.allowed_warnings = course_lesson.allowed_warnings
     return run
 
 
 @pytest.fixture(scope="module")
 def lesson_notebook(course_lesson: manifest.Lesson) -> checker.LessonRun:
-    run = checker.run_notebook(course_lesson.script.with_suffix(".ipynb"))
+    with no_rank_left(course_lesson):
+        run = checker.run_notebook(course_lesson.script.with_suffix(".ipynb"))
     run.allowed_warnings = course_lesson.allowed_warnings
     return run
 

@@ -74,13 +74,20 @@ def imported_modules(path) -> set[str]:
 
 @pytest.mark.parametrize("lesson", READY, ids=lambda lesson: lesson.number)
 def test_lesson_is_self_contained(lesson: manifest.Lesson):
-    """A student can copy the folder: it imports only stdlib, torch, numpy, matplotlib, safetensors, itself."""
+    """A lesson imports only stdlib, torch, numpy, matplotlib, safetensors, the files of its own
+    folder and the course's multi-rank kit, lessons/multirank.py (which imports only stdlib
+    and torch): a student can copy the folder together with the kit."""
+    kit = manifest.LESSONS / "multirank.py"
     own = {p.stem for p in lesson.dir.glob("*.py")}
     for path in lesson.dir.glob("*.py"):
         if path.name.startswith("test_"):
             continue  # tests use the course tooling
-        extra = imported_modules(path) - ALLOWED_IMPORTS - own
+        imported = imported_modules(path)
+        extra = imported - ALLOWED_IMPORTS - own - {kit.stem}
         assert not extra, f"{path.relative_to(manifest.ROOT)} imports {sorted(extra)}"
+        if kit.stem in imported:
+            extra = imported_modules(kit) - set(sys.stdlib_module_names) - {"torch"}
+            assert not extra, f"lessons/multirank.py imports {sorted(extra)}"
 
 
 @pytest.mark.parametrize("lesson", [l for l in READY if (l.dir / "exercises.py").exists()],

@@ -1,47 +1,125 @@
-"""The multi-rank harness, proven on 2 CPU ranks with gloo."""
+"""The multi-rank kit (lessons/multirank.py), proven on CPU ranks with gloo: results, several
+torchrun agents on one rendezvous, the hard timeout, exit codes, the failure path's teardown,
+and no process left after an interrupted parent (SIGINT, SIGTERM, an alarm)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from scripts.multirank import launch, marked_processes, running, session_alive
+from scripts.manifest import LESSONS
+from scripts.multirank import GRACE_S, GROUP_TIMEOUT_S, launch, marked, running
 
 WORKERS = Path(__file__).parent / "workers"
 pytestmark = pytest.mark.multirank
 
 
 def test_all_reduce_on_two_ranks():
-    result = launch(WORKERS / "all_reduce.py", nproc=2, timeout=60)
+    result = launch(WORKERS / "all_reduce.py", ["all_reduce"])
     assert result.ok, result.describe()
-    assert result.ranks[0].stdout == "rank 0: all_reduce -> [11.0, 22.0]\n"
-    assert result.ranks[1].stdout == "rank 1: all_reduce -> [11.0, 22.0]\n"
-    assert [r.exit_code for r in result.ranks.values()] == [0, 0]
-    assert result.stragglers == 0, "a rank outlived a successful launch"
+    for rank in (0, 1):
+        assert result.out[rank].splitlines()[-1] == f"rank {rank}: all_reduce -> [11.0, 22.0]"
+    assert result.exit_codes == {0: 0, 1: 0}
+    assert result.leftover == 0, "a rank outlived a successful launch"
+
+
+def test_two_agents_join_one_rendezvous():
+    """Lesson 13's launch: 2 torchrun agents ('nodes'), 2 ranks each, one c10d rendezvous."""
+    result = launch(WORKERS / "all_reduce.py", ["all_reduce"], nproc=2, nnodes=2)
+    assert result.ok, result.describe()
+    assert sorted(result.out) == [0, 1, 2, 3]
+    for rank, text in result.out.items():  # each log is filed under the rank that wrote it
+        assert text.splitlines() == [
+            f"rank {rank}: RANK={rank} LOCAL_RANK={rank % 2} GROUP_RANK={rank // 2} WORLD_SIZE=4",
+            f"rank {rank}: all_reduce -> [1111.0, 2222.0]",
+        ], result.describe()
+    assert result.leftover == 0 and marked(result.mark) == []
 
 
 def test_a_hung_worker_is_stopped_and_leaves_nothing():
     worker = WORKERS / "hang.py"
     result = launch(worker, nproc=2, timeout=8)
-    assert result.timed_out and result.returncode is None
-    assert result.seconds < 8 + 5, result.describe()
-    # both ranks were really running before the harness killed them
-    assert all("initialised, now hanging" in r.stdout for r in result.ranks.values()), result.describe()
-    assert not session_alive(result.pgid)
-    assert marked_processes(result.mark) == []
+    assert result.timed_out and result.code is None
+    # stopped at the timeout: SIGTERM, GRACE_S for torchrun, then SIGKILL (generous under load)
+    assert 8 <= result.seconds < 8 + GRACE_S + 20, result.describe()
+    assert sorted(result.out) == [0, 1], result.describe()  # both ranks were running
+    assert all(f"rank {r}: started" in text for r, text in result.out.items()), result.describe()
+    assert marked(result.mark) == []
     assert running(worker) == []  # checked independently of the mark, by command line
 
 
 def test_a_failing_rank_is_reported_with_its_exit_code():
-    result = launch(WORKERS / "exit_code.py", nproc=2, timeout=60, args=["3"])
+    result = launch(WORKERS / "exit_code.py", ["3"])
     assert not result.ok and not result.timed_out
-    assert result.ranks[1].exit_code == 3, result.describe()
-    assert result.ranks[0].exit_code == -15, result.describe()  # stopped by torchrun's SIGTERM
-    assert "rank 1: exiting with 3" in result.ranks[1].stdout
+    assert result.exit_codes[1] == 3, result.describe()
+    assert result.exit_codes[0] == -15, result.describe()  # stopped by torchrun's SIGTERM
+    assert "rank 1: exiting with 3" in result.out[1]
     assert result.seconds < 30, "torchrun stopped rank 0 instead of waiting for it"
+
+
+def test_the_failure_path_skips_the_barrier():
+    """Rank 1 raises while rank 0 waits in its next all_reduce. Rank 1's teardown skips the
+    barrier (it would be matched with that all_reduce, and both would wait out the group's
+    timeout) and destroys its group: rank 0's all_reduce fails at once."""
+    result = launch(WORKERS / "all_reduce.py", ["all_reduce", "--fail"])
+    assert result.code == 1 and not result.timed_out, result.describe()
+    assert "rank 1 fails on purpose" in result.err[1]
+    assert "terminate called" not in result.err[0] + result.err[1], result.describe()
+    assert result.exit_codes[0] in (1, -15), result.describe()  # its collective raised, or torchrun stopped it
+    assert result.seconds < GROUP_TIMEOUT_S / 2, result.describe()  # no group timeout waited out
+    assert result.leftover == 0
+
+
+PARENT = """
+import signal, sys
+sys.path.insert(0, {lessons!r})
+import multirank
+
+def alarm(signum, frame):  # what pytest-timeout's signal method does: raise in the main thread
+    raise RuntimeError("Timeout")
+
+signal.signal(signal.SIGALRM, alarm)
+multirank.launch({worker!r}, nproc=2, nnodes={nnodes}, timeout=120)
+"""
+
+
+def wait_for(predicate, seconds):
+    end = time.monotonic() + seconds
+    while not (found := predicate()) and time.monotonic() < end:
+        time.sleep(0.2)
+    return found
+
+
+@pytest.mark.parametrize("signum, nnodes", [(signal.SIGINT, 1), (signal.SIGTERM, 2), (signal.SIGALRM, 1)],
+                         ids=["SIGINT", "SIGTERM-2-agents", "SIGALRM"])
+def test_an_interrupted_parent_leaves_no_process(tmp_path, signum, nnodes):
+    """Ctrl-C (a notebook's Interrupt), SIGTERM (CI, a killed kernel) or pytest-timeout's alarm
+    reaches the parent while ranks hang: every agent and rank of the launch goes with it."""
+    worker = tmp_path / "hang.py"  # a path of its own: no other test's processes match it
+    worker.write_text((WORKERS / "hang.py").read_text())
+    parent = tmp_path / "parent.py"
+    parent.write_text(PARENT.format(lessons=str(LESSONS), worker=str(worker), nnodes=nnodes))
+    proc = subprocess.Popen([sys.executable, str(parent)], stderr=subprocess.PIPE, text=True)
+    try:
+        expected = nnodes * 3  # each agent and its 2 ranks name the worker on their command line
+        assert wait_for(lambda: len(running(worker)) >= expected, 60), running(worker)
+        time.sleep(1.0)  # the ranks are importing torch or already hanging: either way, in flight
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+        assert wait_for(lambda: running(worker) == [], 5), running(worker)
+        if signum == signal.SIGTERM:
+            assert proc.returncode == -signal.SIGTERM  # the handler killed the launch, then died by it
+        else:
+            assert proc.returncode != 0 and ("KeyboardInterrupt" in err or "Timeout" in err), err
+    finally:
+        proc.kill()
+        for line in running(worker):  # never leave anything behind, even when failing
+            subprocess.run(["kill", "-9", line.split()[0]], check=False)
 
 
 def test_running_finds_a_process_by_its_command_line(tmp_path):

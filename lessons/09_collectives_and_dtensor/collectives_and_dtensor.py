@@ -24,8 +24,10 @@
 #
 # **How to run:** `python lessons/09_collectives_and_dtensor/collectives_and_dtensor.py` or
 # `make lesson N=09` from the repository root, or open `collectives_and_dtensor.ipynb`. It
-# launches two 2-rank runs of `worker.py` (about 15 s in all, on the CPU, with the gloo
-# backend). You can run the worker yourself, each rank's output then interleaved:
+# launches three 2-rank runs of `worker.py` (about 20 s in all, on the CPU, with the gloo
+# backend) through the course's multi-rank kit, `lessons/multirank.py`, which this lesson
+# introduces (copy the whole course, not only this folder). You can run the worker
+# yourself, each rank's output then interleaved:
 # `torchrun --standalone --nproc-per-node=2 lessons/09_collectives_and_dtensor/worker.py collectives`
 # (or `mismatch`; add `--backend nccl` on a machine with 2 GPUs). Each printing cell is followed
 # by an *Output* block: what it printed with the pinned PyTorch (2.13.0), checked by
@@ -33,16 +35,9 @@
 
 # %%
 import ast
-import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
-from typing import NamedTuple
 
 import matplotlib.pyplot as plt
 import torch
@@ -51,72 +46,10 @@ from matplotlib.patches import Rectangle
 torch.manual_seed(0)
 torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit, multirank.py
+from multirank import launch, running, section, show  # noqa: E402
+
 WORKER = HERE / "worker.py"
-GRACE_S = 3.0  # after SIGTERM, how long torchrun gets to stop its ranks itself
-
-
-class Run(NamedTuple):
-    code: int  # torchrun's exit status
-    seconds: float  # wall time of the whole launch
-    out: dict  # {rank: what the rank printed}
-    err: dict  # {rank: what the rank wrote to stderr (warnings, tracebacks)}
-
-
-def kill_sessions(pids):
-    for pid in pids:  # each of these leads a process session of its own
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # already gone
-
-
-def launch(part, timeout=60.0):
-    """Run `worker.py part` on 2 ranks under a hard timeout; never leave a process behind."""
-    logs = Path(tempfile.mkdtemp(prefix="lesson09-"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "--log-dir", str(logs), "--redirects", "3", str(WORKER), part]
-    start = time.monotonic()
-    with open(logs / "torchrun.log", "w") as agent_log:
-        proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=agent_log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            # the ranks are torchrun's children: find them while torchrun still lives
-            ps = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
-            proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its ranks
-            try:
-                proc.wait(GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
-            kill_sessions([proc.pid, *map(int, ps.stdout.split())])
-            code = proc.wait()
-    read = lambda name: {int(f.parent.name): f.read_text() for f in logs.glob(f"*/attempt_0/*/{name}")}  # noqa: E731
-    run = Run(code, time.monotonic() - start, read("stdout.log"), read("stderr.log"))
-    shutil.rmtree(logs, ignore_errors=True)
-    return run
-
-
-HEADER = re.compile(r"rank \d+: == .* ==")  # the line that starts a section
-
-
-def section(run, name):
-    """{rank: [lines]} of one `== name ==` section of the worker's output."""
-    found = {}
-    for rank, text in sorted(run.out.items()):
-        lines = text.splitlines()
-        start = lines.index(f"rank {rank}: == {name} ==") + 1
-        ends = [i for i in range(start, len(lines)) if HEADER.fullmatch(lines[i])]
-        end = ends[0] if ends else len(lines)
-        found[rank] = lines[start:end]
-    return found
-
-
-def show(run, name):
-    for rank, lines in section(run, name).items():
-        for line in lines:
-            print(line)
-
 
 # %% [markdown]
 # ## 1. Launching ranks without ever hanging
@@ -125,31 +58,54 @@ def show(run, name):
 # tells each, through environment variables, who it is: `RANK` (0 or 1 here), `WORLD_SIZE`
 # (2), `LOCAL_RANK` (its number on this machine: the GPU it should use), and where rank 0
 # listens so that the others can find it (`MASTER_ADDR`, `MASTER_PORT`; `--standalone`
-# picks a free port on localhost). The `launch` function above wraps it in four precautions,
-# each learnt the hard way on this machine:
+# picks a free port on localhost).
+#
+# Starting ranks safely takes more code than one call, and every lesson from here on needs
+# it, so it lives in one module that they all import, the course's *multi-rank kit*:
+# `lessons/multirank.py` (the cell above puts its folder on Python's path). Open it and
+# read it once now; this lesson is where each of its precautions is explained, and the
+# later lessons simply call it. In this notebook, `launch(WORKER, ["part"])` runs
+# `torchrun --standalone --nproc-per-node=2 worker.py part` and returns a `Run`: torchrun's
+# exit code, the wall time, and what each rank printed. The precautions, each learnt the
+# hard way on this machine:
 #
 # - **A hard timeout.** A rank stuck in a collective waits for its partner for as long as
-#   its process group's timeout, and gloo's default is 30 minutes. The worker sets short
-#   timeouts, but a launch can hang before they apply (a rank stuck at start-up, a
-#   rendezvous that never completes), so `launch` bounds it from the outside too.
-# - **Killing what is left, session by session.** torchrun runs in a process session of its
-#   own (`start_new_session=True`), so that one `killpg` reaches it and anything it spawned.
-#   But torchrun starts each rank in *its own* session as well: killing torchrun's session
-#   leaves the ranks running (measured: both ranks of a hung worker survived it). So on
-#   timeout `launch` first lists torchrun's children (the ranks), sends torchrun SIGTERM,
-#   which it forwards to the ranks, gives it 3 s, then SIGKILLs torchrun's session and each
-#   rank's. A rank's children (none here) share its session and die with it.
+#   its process group's timeout, and gloo's default is 30 minutes. The kit gives every
+#   group a short one (60 s, in `setup`), but a launch can hang before that applies (a rank
+#   stuck at start-up, a rendezvous that never completes), so `launch` bounds it from the
+#   outside too (`timeout=`, 120 s unless said otherwise): at the deadline it sends torchrun
+#   SIGTERM, which torchrun forwards to its ranks, waits 3 s, then kills what is left.
+# - **Killing all of it.** torchrun runs in a process session of its own
+#   (`start_new_session=True`), so that one `killpg` reaches it. But torchrun starts each
+#   rank in *its own* session as well (the ranks print it below): killing torchrun's session
+#   leaves the ranks running (measured: both ranks of a hung worker survived it). So
+#   `launch` marks every process of a launch with an environment variable,
+#   `COURSE_LAUNCH_ID`, which torchrun and the ranks inherit, and `kill_launch` SIGKILLs
+#   torchrun's session, every descendant of torchrun, and every process carrying the mark
+#   (found in `/proc`, on Linux). It runs whenever `launch` returns *or is left*: after a
+#   normal end, at the timeout, on an exception, on Ctrl-C or a notebook's Interrupt
+#   (`KeyboardInterrupt`), and on SIGTERM, for which `launch` installs a handler while ranks
+#   run (without it Python dies on SIGTERM without running any `finally`). Before the kit,
+#   interrupting this notebook mid-launch left torchrun and both ranks running.
 # - **One file per rank.** `--log-dir` with `--redirects 3` sends each rank's stdout and
 #   stderr to `DIR/<run id>/attempt_0/<rank>/stdout.log` and `stderr.log`: two ranks
-#   printing at once to one terminal can interleave *inside* a line. The worker still
-#   prints each line with one `print` call, prefixed `rank N:`, for when you run it by hand.
+#   printing at once to one terminal can interleave *inside* a line. `launch` reads them
+#   into `run.out[rank]` and `run.err[rank]` and deletes them. The worker still prints each
+#   line with one `print` call, prefixed `rank N:` (the kit's `say`), for when you run it
+#   by hand.
 # - **`OMP_NUM_THREADS=1`.** Two ranks on two cores: more threads per rank only fight.
+#
+# The worker's side of the kit is `serve`: `worker.py` ends with
+# `serve({"collectives": collectives, ...})`, which reads the part to run from the command
+# line, joins the process group, runs the part and tears the rank down (section 2 says how).
+# `show(run, "world")` prints one section of each rank's output: the lines after the rank's
+# `== world ==` heading.
 #
 # **Predict.** Both ranks run the same script. What differs between the two ranks' first
 # lines? Which lines appear only once?
 
 # %%
-run = launch("collectives")
+run = launch(WORKER, ["collectives"])
 print(f"torchrun exit code {run.code} after {run.seconds:.1f} s, output from ranks {sorted(run.out)}")
 show(run, "world")
 
@@ -159,16 +115,44 @@ show(run, "world")
 # torchrun exit code 0 after «time» s, output from ranks [0, 1]
 # rank 0: rank 0 of 2, env RANK=0 LOCAL_RANK=0 WORLD_SIZE=2, device cpu
 # rank 0: backend gloo, default group ranks [0, 1]
+# rank 0: leads a process session of its own: True; carries COURSE_LAUNCH_ID: True
 # rank 1: rank 1 of 2, env RANK=1 LOCAL_RANK=1 WORLD_SIZE=2, device cpu
+# rank 1: leads a process session of its own: True; carries COURSE_LAUNCH_ID: True
 # ```
 #
 # Each rank read its identity from the environment torchrun gave it, then called
-# `dist.init_process_group("gloo", timeout=...)`, which used `MASTER_ADDR`/`MASTER_PORT` to
-# meet the other rank and build the *default process group*: every rank of the world, with a
-# *backend* that moves the bytes. gloo runs on CPUs over TCP; NCCL is the backend for CUDA
-# GPUs (the worker takes `--backend nccl`). Facts both ranks share (backend, group) are
-# printed by rank 0 only. The whole launch took a few seconds, most of it starting two
-# Python processes that import torch; the collectives themselves take milliseconds.
+# `dist.init_process_group("gloo", timeout=...)` (in the kit's `setup`), which used
+# `MASTER_ADDR`/`MASTER_PORT` to meet the other rank and build the *default process
+# group*: every rank of the world, with a *backend* that moves the bytes. gloo runs on CPUs
+# over TCP; NCCL is the backend for CUDA GPUs (the worker takes `--backend nccl`). Facts
+# both ranks share (backend, group) are printed by rank 0 only. Each rank leads a session
+# of its own, which is why killing torchrun's session could not reach it, and carries the
+# launch's mark, which is how the kit finds it. The whole launch took a few seconds, most
+# of it starting two Python processes that import torch; the collectives themselves take
+# milliseconds.
+#
+# **Predict.** The worker's `hang` part never ends. Launched with `timeout=2`, when does
+# `launch` return, with which exit code, and what is left running?
+
+# %%
+stuck = launch(WORKER, ["hang"], timeout=2)
+print(f"timed out: {stuck.timed_out} after {stuck.seconds:.1f} s; torchrun's exit code {stuck.code}")
+print(f"processes of the launch still running: {len(running(WORKER))}")
+
+# %% [markdown]
+# Output:
+# ```text
+# timed out: True after «time» s; torchrun's exit code None
+# processes of the launch still running: 0
+# ```
+#
+# `launch` returned a little after its 2 s (the time varies with the machine's load), with
+# no exit code: torchrun did not finish, it was stopped. Nothing is left: `running` lists
+# the processes whose command line names the worker, torchrun's and the ranks' included.
+# (After 2 s the ranks may still be importing torch or already hanging: the kill does not
+# care which.) A hang costs the timeout you chose, never more; the course's tests prove the
+# same for a hang after the process group is up, and for an interrupted notebook
+# (`tests/test_multirank.py`).
 
 # %% [markdown]
 # ## 2. Collectives on sum-partials
@@ -231,19 +215,30 @@ show(run, "barrier")
 # Output:
 # ```text
 # rank 0: waited «time» s at the barrier
+# rank 0: every rank left the barrier after the last one entered it: True
 # rank 1: waited «time» s at the barrier
 # ```
 #
-# Rank 0 waits about 0.5 s, rank 1 about nothing: a barrier returns on no rank before every
-# rank has entered it, so the early rank pays for the late one (times vary from run to run).
-# Every collective synchronises this way: a slow rank stalls the whole group, which is why a
-# distributed job runs at the speed of its slowest rank. The worker also ends with a barrier,
-# then `dist.destroy_process_group()`, on every exit path: without the latter, gloo's threads
-# can still be freeing a finished collective while Python shuts down, and a rank then dies
-# *after* its work with "terminate called without an active exception" (about one launch in
-# four on this machine). After the DTensor section even that was not always enough (1 launch
-# in 20 under load), so the worker then skips Python's own shutdown: it flushes its output
-# and leaves with `os._exit(code)`, once all work is done.
+# Rank 0 waits about 0.5 s, rank 1 about nothing (times vary from run to run and with the
+# machine's load): a barrier returns on no rank before every rank has entered it, which the
+# ranks checked by exchanging the moments they entered and left it (on one machine, every
+# process reads the same monotonic clock). The early rank pays for the late one. Every
+# collective synchronises this way: a slow rank stalls the whole group, which is why a
+# distributed job runs at the speed of its slowest rank.
+#
+# A barrier is also how the kit's `teardown` ends a rank, but only one that finished its
+# part normally: no rank tears down while another still talks to it. Then, on every path,
+# `dist.destroy_process_group()`: a rank that just falls off the end of its script can die
+# *after* its work with "terminate called without an active exception" (SIGABRT), because a
+# gloo thread still frees a finished collective while Python shuts down (40 of 160 launches
+# when measured; with `destroy_process_group()`, 0 of 640). After a *failure* the barrier
+# is skipped: the other rank is still at work, its next collective would be matched with
+# this barrier, and both would wait out the group's timeout before failing. Last, the rank
+# flushes its output and leaves with `os._exit(code)`, skipping Python's own shutdown. That
+# one is a precaution, not a measured fix: after this lesson's DTensor part one launch in 20
+# aborted at exit with `destroy_process_group()` alone and none in 20 with `os._exit`, a
+# difference 20 launches cannot show. `make soak` counts aborts over 30 launches of the
+# kit's teardown (`lessons/AUTHORING.md` has the latest count).
 
 # %% [markdown]
 # ## 3. DeviceMesh and DTensor placements
@@ -429,7 +424,7 @@ show(run, "matmul")
 # return garbage, or fail? After how long?
 
 # %%
-bad = launch("mismatch")
+bad = launch(WORKER, ["mismatch"], timeout=60)
 print(f"torchrun exit code {bad.code} after {bad.seconds:.1f} s (launch timeout 60 s)")
 show(bad, "timeout")
 
@@ -448,9 +443,10 @@ show(bad, "timeout")
 # would sit for 30 minutes; set `timeout=` in `init_process_group` and `new_group`. And it
 # can be worse than a hang: when both ranks called `all_reduce` but with 2 and 3 elements
 # (tried on this machine, outside the lesson), rank 0 *returned* [11.0, 22.0] and only rank
-# 1 raised ("Connection closed by peer"). The worker ends this part with exit code 1 on both ranks, after its barrier and
-# `destroy_process_group()`, so torchrun reports the failure (exit code 1) well inside the
-# launcher's 60 s.
+# 1 raised ("Connection closed by peer"). The worker's part catches these errors and returns
+# exit code 1 on both ranks (a mismatch is a failure); both ranks got there normally, so
+# the teardown's barrier and `destroy_process_group()` run, and torchrun reports the
+# failure (exit code 1) well inside the launcher's 60 s.
 #
 # **Predict.** With the debug level DETAIL, each collective is first checked against the
 # other ranks' (its "fingerprint": op type, shapes, dtypes). How fast is the mismatch
@@ -503,9 +499,11 @@ show(bad, "monitored_barrier")
 #
 # - torchrun starts one process per rank and passes `RANK`, `LOCAL_RANK`, `WORLD_SIZE` and
 #   the rendezvous address in the environment; `init_process_group` builds the default
-#   group over a backend (gloo on CPU, NCCL on CUDA). Launch it under a hard timeout that
-#   kills the ranks' sessions too, give each rank's output its own file, and end every rank
-#   with `barrier()` then `destroy_process_group()`.
+#   group over a backend (gloo on CPU, NCCL on CUDA). The course's kit, `multirank.py`,
+#   launches under a hard timeout, kills every process of a launch however the launch ends
+#   (torchrun's session, its descendants, every process carrying the launch's mark), gives
+#   each rank's output its own file, and ends every rank with `barrier()` (only after
+#   success) then `destroy_process_group()` (always).
 # - On the sum-partials [1, 2] and [10, 20]: all_reduce gives [11, 22] on both ranks,
 #   reduce_scatter gives [11] and [22], all_gather of partials gives 4 meaningless elements,
 #   broadcast copies rank 0's tensor. A barrier, like every collective, waits for the

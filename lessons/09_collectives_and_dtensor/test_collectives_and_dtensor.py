@@ -1,5 +1,6 @@
-"""Tests of lesson 09: documented outputs, the ranks' values read from the narrative's two
-launches, the placements figure, the exercises, and the worker on NCCL with 2 GPUs.
+"""Tests of lesson 09: documented outputs, the ranks' values read from the narrative's
+launches, the kit's hard timeout, the placements figure, the exercises, and the worker on
+NCCL with 2 GPUs. (That no rank outlives the lesson is checked by the `lesson` fixture.)
 
 Every test here launches ranks or reads the narrative's launches: all are `multirank`."""
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from torch.distributed.tensor import Shard
 
-from scripts.multirank import running
+from scripts.multirank import GRACE_S, launch
 
 pytestmark = pytest.mark.multirank
 WORKER = Path(__file__).parent / "worker.py"
@@ -31,10 +32,18 @@ def values(lines, label):
 
 def test_collectives_launch_succeeded(lesson):
     run = lesson.ns["run"]
-    assert run.code == 0 and sorted(run.out) == [0, 1], run
+    assert run.code == 0 and sorted(run.out) == [0, 1], run.describe()
     for rank in (0, 1):
         assert "Warning" not in run.err[rank], run.err[rank]  # no FutureWarning from old names
         assert "Traceback" not in run.err[rank], run.err[rank]
+        assert f"rank {rank}: leads a process session of its own: True; carries COURSE_LAUNCH_ID: True" in run.out[rank]
+    assert run.leftover == 0
+
+
+def test_the_hard_timeout_stops_a_hung_launch(lesson):
+    stuck = lesson.ns["stuck"]
+    assert stuck.timed_out and stuck.code is None, stuck.describe()
+    assert 2 <= stuck.seconds < 2 + GRACE_S + 20, stuck.describe()  # the timeout, then the kill
 
 
 def test_partials_and_collectives(lesson):
@@ -51,8 +60,10 @@ def test_partials_and_collectives(lesson):
 
 def test_barrier_makes_the_early_rank_wait(lesson):
     got = lesson.ns["section"](lesson.ns["run"], "barrier")
-    waited = {r: float(lines[0].split("waited ")[1].split(" s")[0]) for r, lines in got.items()}
-    assert waited[0] >= 0.4 and waited[1] < waited[0], waited  # rank 1 sleeps 0.5 s first
+    # the ranks' own clock readings: no rank left before the last one entered (load-proof);
+    # how long each waited depends on the load, and is only printed
+    assert got[0][1] == "rank 0: every rank left the barrier after the last one entered it: True", got
+    assert all(lines[0].startswith(f"rank {r}: waited ") for r, lines in got.items()), got
 
 
 def test_redistributions(lesson):
@@ -72,20 +83,27 @@ def test_sharded_matmul_is_partial_and_exact(lesson):
     assert "rank 0: random fp32: equal False, allclose True" in lines
 
 
+def seconds(line):
+    return float(line.split("after ")[1].split(" s")[0])
+
+
 def test_mismatch_fails_fast(lesson):
     bad, section = lesson.ns["bad"], lesson.ns["section"]
-    assert bad.code == 1, bad  # an error, not a hang, and not a success
-    assert bad.seconds < 60 / 2, bad  # well inside launch()'s 60 s timeout
+    assert bad.code == 1 and not bad.timed_out, bad.describe()  # an error, not a hang, not a success
     timeout = section(bad, "timeout")
+    waits = []
     for rank, op in ((0, "all_reduce"), (1, "all_gather")):
         line = timeout[rank][0]
         assert line.startswith(f"rank {rank}: {op} raised RuntimeError after "), line
-        assert 2.5 <= float(line.split("after ")[1].split(" s")[0]) < 10  # the group's 3 s
+        waits.append(seconds(line))
+    # the rank that started waiting first waits the group's full 3 s; the other may give up
+    # earlier ("Connection closed by peer"); neither waits the default group's 60 s
+    assert max(waits) >= 2.5 and max(waits) < 30, waits
     detail = section(bad, "detail")
     assert detail[0][1] == "rank 0: Op type: ALLREDUCEvs ALLGATHER"
     assert detail[1][1] == "rank 1: Op type: ALLGATHERvs ALLREDUCE"
-    for rank in (0, 1):
-        assert float(detail[rank][0].split("after ")[1].split(" s")[0]) < 1.0  # no timeout
+    for rank in (0, 1):  # found by the check, not by a timeout: far sooner than the 3 s wait
+        assert seconds(detail[rank][0]) < max(waits) / 2, (detail, waits)
     monitored = section(bad, "monitored_barrier")[0][0]
     assert monitored.endswith("Rank 1 failed to pass monitoredBarrier in 1000 ms"), monitored
 
@@ -109,22 +127,16 @@ def test_figure_draws_the_local_pieces(lesson):
     assert (ns["HERE"] / "redistributions.png").is_file()
 
 
-def test_launcher_leaves_no_rank_behind(lesson):
-    """The narrative's two launches are over: no worker process of theirs may still run."""
-    assert running(WORKER) == []
-
-
 @pytest.mark.multigpu
 def test_worker_on_nccl():
-    from scripts.multirank import launch
-
-    result = launch(WORKER, nproc=2, timeout=120, args=["collectives", "--backend", "nccl"])
+    """Unverified on hardware (no GPU on the course's machine)."""
+    result = launch(WORKER, ["collectives", "--backend", "nccl"], timeout=120)
     assert result.ok, result.describe()
-    out = {r: rank.stdout for r, rank in result.ranks.items()}
-    assert "rank 0: backend nccl, default group ranks [0, 1]" in out[0]
-    assert "rank 0: all_reduce            -> [11, 22]" in out[0]
-    assert "rank 1: reduce_scatter_single -> [22]" in out[1]
-    assert "rank 0: equal to the single-process a @ b: True" in out[0]
+    expected = {0: {"rank 0: backend nccl, default group ranks [0, 1]", "rank 0: all_reduce            -> [11, 22]",
+                    "rank 0: equal to the single-process a @ b: True"},
+                1: {"rank 1: reduce_scatter_single -> [22]"}}
+    for rank, lines in expected.items():
+        assert lines <= set(result.out[rank].splitlines()), result.describe()
 
 
 # ----------------------------------------------------------------------------------------

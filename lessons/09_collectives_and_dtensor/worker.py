@@ -3,6 +3,7 @@
     torchrun --standalone --nproc-per-node=2 lessons/09_collectives_and_dtensor/worker.py collectives
     torchrun --standalone --nproc-per-node=2 lessons/09_collectives_and_dtensor/worker.py mismatch
     ... worker.py collectives --backend nccl   # 2 CUDA devices; --backend auto picks nccl there
+    ... worker.py hang                         # never ends: the kit's hard timeout stops it
 
 - `collectives`: world, rank, local rank, backend; all_reduce, all_gather, reduce_scatter,
   broadcast, barrier on the sum-partials [1, 2] (rank 0) and [10, 20] (rank 1); a DeviceMesh,
@@ -11,23 +12,21 @@
   timeout, then on a group checked by the DETAIL debug wrapper; then monitored_barrier names a
   rank that never arrives. The part ends with exit code 1: a mismatch is a failure.
 
-Output: every line is one print() that starts with `rank N:` (ranks' prints interleave inside
-a line otherwise); facts shared by both ranks come from rank 0 only; `== name ==` lines start
-a section (the lesson's narrative shows one section at a time).
-
-Teardown: dist.barrier() then dist.destroy_process_group() on every exit path, then flush and
-os._exit(code). A rank that falls off the end of the script can die after its work with
-"terminate called without an active exception" (a gloo thread still frees a finished
-collective while Python shuts down); after the DTensor part this happened even after
-destroy_process_group() (1 launch in 20 under load), never with os._exit (0 in 20).
+The boilerplate of every worker of the course comes from the kit, lessons/multirank.py:
+`serve` reads the part and `--backend` from the command line, joins the process group
+(`setup`: gloo on the CPU, a 60 s timeout instead of gloo's 30 minutes), runs the part and
+tears down (`teardown`: a barrier only if the part returned normally, then always
+destroy_process_group(), then os._exit with the part's exit code); `say` prints one line
+prefixed `rank N:` (ranks' prints interleave inside a line otherwise), `shared` prints a
+fact both ranks share from rank 0 only, `heading` starts a `== name ==` section (the
+lesson's narrative shows one section at a time).
 """
 
-import argparse
 import datetime
 import os
 import sys
 import time
-import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -35,38 +34,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-TIMEOUT = datetime.timedelta(seconds=30)  # the default group's: gloo's default is 30 minutes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lessons/: the course's kit
+from multirank import MARK, heading, say, serve, shared  # noqa: E402
+
 SHORT = datetime.timedelta(seconds=3)  # the mismatch demos' groups
-
-
-def say(text):
-    """One line, one print, prefixed with this rank."""
-    print(f"rank {dist.get_rank()}: {text}", flush=True)
-
-
-def shared(text):
-    """A fact both ranks share: printed once, by rank 0."""
-    if dist.get_rank() == 0:
-        say(text)
-
-
-def section(name):
-    say(f"== {name} ==")
-
-
-def setup(backend):
-    """Join the group torchrun describes in the environment; return the device for tensors."""
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=TIMEOUT, device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=TIMEOUT)
-    return device
 
 
 def partial_vector(device):
@@ -81,14 +52,17 @@ def comms(counts):
 
 
 def show_world(device):
-    section("world")
+    heading("world")
     env = " ".join(f"{k}={os.environ[k]}" for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     say(f"rank {dist.get_rank()} of {dist.get_world_size()}, env {env}, device {device.type}")
     shared(f"backend {dist.get_backend()}, default group ranks {dist.get_process_group_ranks(dist.group.WORLD)}")
+    # what the kit relies on to kill a launch: each rank leads a session of its own (torchrun
+    # starts it so), and carries the launch's mark in its environment
+    say(f"leads a process session of its own: {os.getsid(0) == os.getpid()}; carries {MARK}: {MARK in os.environ}")
 
 
 def show_collectives(device):
-    section("collectives")
+    heading("collectives")
     x = partial_vector(device)
     say(f"partial x = {x.tolist()}")
     y = x.clone()  # every collective here writes in place or into an output we allocate
@@ -109,15 +83,20 @@ def show_collectives(device):
 
 
 def show_barrier():
-    section("barrier")
+    heading("barrier")
     time.sleep(0.5 * dist.get_rank())  # rank 1 is late: it has "more work" to do
-    start = time.perf_counter()
+    entered = time.monotonic()  # one clock for every process of this machine
     dist.barrier()
-    say(f"waited {time.perf_counter() - start:.2f} s at the barrier")
+    left = time.monotonic()
+    say(f"waited {left - entered:.2f} s at the barrier")
+    times = [torch.zeros(2, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(times, torch.tensor([entered, left], dtype=torch.float64))
+    last_in = max(t[0] for t in times)
+    shared(f"every rank left the barrier after the last one entered it: {all(t[1] >= last_in for t in times)}")
 
 
 def show_placements(mesh, device):
-    section("placements")
+    heading("placements")
     shared(f"mesh {mesh}")
     say(f"mesh coordinate dp={mesh.get_local_rank('dp')}")
     full = torch.arange(4, device=device)
@@ -139,7 +118,7 @@ def redistribute(d, mesh, placement):
 
 
 def show_redistributions(mesh, sharded, partial):
-    section("redistribute")
+    heading("redistribute")
     redistribute(sharded, mesh, Replicate())  # all-gather
     redistribute(partial, mesh, Replicate())  # all-reduce
     redistribute(partial, mesh, Shard(0))  # reduce-scatter
@@ -148,7 +127,7 @@ def show_redistributions(mesh, sharded, partial):
 
 
 def show_matmul(mesh, device):
-    section("matmul")
+    heading("matmul")
     a = torch.arange(8.0, device=device).reshape(2, 4)  # (2, 4): small integers, exact sums
     b = torch.arange(12.0, device=device).reshape(4, 3)  # (4, 3)
     da = distribute_tensor(a, mesh, [Shard(1)])  # each rank: 2 of a's 4 columns
@@ -194,7 +173,7 @@ def mismatched_call(group):
 
 
 def show_timeout():
-    section("timeout")
+    heading("timeout")
     group = dist.new_group(backend="gloo", timeout=SHORT)  # gloo: works beside an NCCL default
     seconds, err = mismatched_call(group)
     # the message varies ("Timed out waiting 3000ms for recv ..." or "Connection closed by
@@ -205,7 +184,7 @@ def show_timeout():
 
 
 def show_detail():
-    section("detail")
+    heading("detail")
     dist.set_debug_level(dist.DebugLevel.DETAIL)  # what TORCH_DISTRIBUTED_DEBUG=DETAIL sets at import
     group = dist.new_group(backend="gloo", timeout=SHORT)  # wrapped: fingerprints checked first
     dist.set_debug_level(dist.DebugLevel.OFF)
@@ -217,7 +196,7 @@ def show_detail():
 
 
 def show_monitored_barrier():
-    section("monitored_barrier")
+    heading("monitored_barrier")
     group = dist.new_group(backend="gloo", timeout=SHORT)
     if dist.get_rank() == 1:
         time.sleep(1.5)  # stuck elsewhere: never enters the monitored barrier
@@ -239,30 +218,13 @@ def mismatch(device):
     return 1
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["collectives", "mismatch"])
-    parser.add_argument("--backend", choices=["gloo", "nccl", "auto"], default="gloo")
-    args = parser.parse_args()
-    device = setup(args.backend)
-    code = 1
-    try:
-        code = {"collectives": collectives, "mismatch": mismatch}[args.part](device)
-    except Exception:
-        traceback.print_exc()  # os._exit below would otherwise swallow the error
-    finally:
-        try:
-            dist.barrier()  # no rank tears down while the other still talks to it
-        finally:
-            dist.destroy_process_group()  # stop gloo's threads before Python's exit
-            # Even so, after the DTensor part one rank in 20 launches still died at exit under
-            # load with "terminate called without an active exception": a background thread
-            # touched Python while the interpreter was finalizing. All work and output are
-            # done here, so skip the interpreter's finalization: flush, then os._exit.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+def hang(device):
+    """A rank that never finishes, as one stuck before its first collective would."""
+    heading("hang")
+    say("hanging")
+    while True:
+        time.sleep(1)
 
 
 if __name__ == "__main__":
-    main()
+    serve({"collectives": collectives, "mismatch": mismatch, "hang": hang})

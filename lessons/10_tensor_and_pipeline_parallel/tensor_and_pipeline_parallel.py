@@ -27,23 +27,16 @@
 # **How to run:** `python lessons/10_tensor_and_pipeline_parallel/tensor_and_pipeline_parallel.py`
 # or `make lesson N=10` from the repository root, or open `tensor_and_pipeline_parallel.ipynb`.
 # It makes one 2-rank launch of `worker.py` (about 10 s on this 2-core CPU, gloo backend,
-# 3 s of it a deliberate timeout). By hand, each rank's output then interleaved:
+# 3 s of it a deliberate timeout) through the course's multi-rank kit, `lessons/multirank.py`
+# (lesson 09 explains it). By hand, each rank's output then interleaved:
 # `torchrun --standalone --nproc-per-node=2 lessons/10_tensor_and_pipeline_parallel/worker.py all`
 # (`tp` or `pp` for one half; add `--backend nccl` on a machine with 2 GPUs). Each printing
 # cell is followed by an *Output* block: what it printed with the pinned PyTorch (2.13.0),
 # checked by `make test`.
 
 # %%
-import os
-import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
-from typing import NamedTuple
 
 import matplotlib.pyplot as plt
 import torch
@@ -51,70 +44,10 @@ import torch
 torch.manual_seed(0)
 torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit (lesson 09)
+from multirank import launch, section, show  # noqa: E402
+
 WORKER = HERE / "worker.py"
-GRACE_S = 3.0  # after SIGTERM, how long torchrun gets to stop its ranks itself
-
-
-class Run(NamedTuple):
-    code: int  # torchrun's exit status
-    seconds: float  # wall time of the whole launch
-    out: dict  # {rank: what the rank printed}
-    err: dict  # {rank: what the rank wrote to stderr (warnings, tracebacks)}
-
-
-def kill_sessions(pids):
-    for pid in pids:  # each of these leads a process session of its own
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # already gone
-
-
-def launch(part, timeout=120.0):
-    """Run `worker.py part` on 2 ranks under a hard timeout; never leave a process behind."""
-    logs = Path(tempfile.mkdtemp(prefix="lesson10-"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "--log-dir", str(logs), "--redirects", "3", str(WORKER), part]
-    start = time.monotonic()
-    with open(logs / "torchrun.log", "w") as agent_log:
-        proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=agent_log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            # the ranks are torchrun's children, each in its own session: list them first
-            ps = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
-            proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its ranks
-            try:
-                proc.wait(GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
-            kill_sessions([proc.pid, *map(int, ps.stdout.split())])
-            code = proc.wait()
-    read = lambda name: {int(f.parent.name): f.read_text() for f in logs.glob(f"*/attempt_0/*/{name}")}  # noqa: E731
-    run = Run(code, time.monotonic() - start, read("stdout.log"), read("stderr.log"))
-    shutil.rmtree(logs, ignore_errors=True)
-    return run
-
-
-HEADER = re.compile(r"rank \d+: == .* ==")  # the line that starts a section
-
-
-def section(run, name):
-    """{rank: [lines]} of one `== name ==` section of the worker's output."""
-    found = {}
-    for rank, text in sorted(run.out.items()):
-        lines = text.splitlines()
-        start = lines.index(f"rank {rank}: == {name} ==") + 1
-        ends = [i for i in range(start, len(lines)) if HEADER.fullmatch(lines[i])]
-        found[rank] = lines[start:ends[0] if ends else len(lines)]
-    return found
-
-
-def show(run, name):
-    for rank, lines in section(run, name).items():
-        for line in lines:
-            print(line)
 
 
 # %% [markdown]
@@ -142,7 +75,7 @@ def show(run, name):
 # which dim of the stored tensor is it sharded? And `down.weight`, `down.bias`?
 
 # %%
-run = launch("all")
+run = launch(WORKER, ["all"])
 print(f"torchrun exit code {run.code} after {run.seconds:.1f} s, output from ranks {sorted(run.out)}")
 show(run, "tp shapes")
 

@@ -1,6 +1,7 @@
 """Tests of lesson 10: documented outputs, the ranks' values read from the narrative's one
 launch (tensor parallel, both pipeline schedules, scale_grads, unequal micro-batches), the
-schedule simulator and its figure, the exercises, and the worker on NCCL with 2 GPUs.
+schedule simulator and its figure, the exercises, and the worker on NCCL with 2 GPUs. (That no
+rank outlives the lesson is checked by the `lesson` fixture.)
 
 Every test here launches ranks or reads the narrative's launch: all are `multirank`."""
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scripts.multirank import running
+from scripts.multirank import launch
 
 pytestmark = pytest.mark.multirank
 WORKER = Path(__file__).parent / "worker.py"
@@ -40,11 +41,10 @@ def test_notebook_outputs(lesson_notebook):
 
 def test_launch_succeeded(lesson):
     run = lesson.ns["run"]
-    assert run.code == 0 and sorted(run.out) == [0, 1], run
+    assert run.ok and sorted(run.out) == [0, 1], run.describe()  # ok: exit 0, not timed out
     for rank in (0, 1):
         assert "Traceback" not in run.err[rank], run.err[rank]
         assert "Warning" not in run.err[rank], run.err[rank]  # e.g. the backward-hook warning
-    assert run.seconds < 60, run.seconds  # one launch, well inside launch()'s 120 s
 
 
 def test_tp_shards_dim0_then_dim1(lesson):
@@ -128,9 +128,10 @@ def test_unequal_micro_batches_fail_cleanly(lesson):
     assert r1[0].startswith("rank 1: ran F0 F1 F2, then raised RuntimeError after ")
     assert r1[1] == "rank 1:   The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 0"
     waited = float(r0[1].split("after ")[1].split(" s")[0])
-    assert 2.5 <= waited < 10, waited  # the stages' group timeout, 3 s: no 30 s or 30 min wait
+    # the stages' group timeout, 3 s: not the default group's 60 s (nor gloo's 30 minutes)
+    assert 2.5 <= waited < 30, waited
     raised = float(r1[0].split("after ")[1].split(" s")[0])
-    assert raised < min(2.0, waited / 2), (raised, waited)  # the last stage: at once, not at a timeout
+    assert raised < waited / 2, (raised, waited)  # the last stage: at once, not at a timeout
     assert run.code == 0  # both ranks caught it and tore down normally
 
 
@@ -169,19 +170,12 @@ def test_figure_plots_the_simulated_schedules(lesson):
     assert (ns["HERE"] / "schedules.png").is_file()
 
 
-def test_launcher_leaves_no_rank_behind(lesson):
-    """The narrative's launch is over: no worker process of it may still run."""
-    assert running(WORKER) == []
-
-
 @pytest.mark.multigpu
 def test_worker_on_nccl():
     """Unverified on hardware when written (no GPU on the course's machine)."""
-    from scripts.multirank import launch
-
-    result = launch(WORKER, nproc=2, timeout=180, args=["all", "--backend", "nccl"])
+    result = launch(WORKER, ["all", "--backend", "nccl"], timeout=180)
     assert result.ok, result.describe()
-    out = {r: rank.stdout for r, rank in result.ranks.items()}
+    out = result.out
     assert "rank 0: up.weight: global [8, 6] S(0), local [4, 6]" in out[0]
     assert "rank 0: forward ran: all_reduce x1" in out[0]
     assert "rank 1: 1F1B: ran     F0 B0 F1 B1 F2 B2 F3 B3" in out[1]

@@ -16,19 +16,16 @@
   4 (unequal) micro-batches, always on the CPU over a gloo group with a 3 s timeout (so that
   the stage left waiting raises instead of hanging, whatever the backend of the rest).
 
-Output: every line is one print() that starts with `rank N:`; facts shared by both ranks come
-from rank 0 only; `== name ==` lines start a section.
-
-Teardown (as lesson 09's worker): dist.barrier() then dist.destroy_process_group() on every
-exit path, then flush and os._exit(code), with any traceback printed first.
+Output, process group and teardown come from the course's kit, lessons/multirank.py (lesson
+09): `say` prints one line prefixed `rank N:`, `shared` a fact both ranks share (rank 0
+only), `heading` starts a `== name ==` section; `serve` runs the part between `setup` and
+`teardown`.
 """
 
-import argparse
 import datetime
-import os
 import sys
 import time
-import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -40,39 +37,12 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-TIMEOUT = datetime.timedelta(seconds=30)  # gloo's default is 30 minutes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lessons/: the course's kit
+from multirank import heading, say, serve, shared  # noqa: E402
+
 SHORT = datetime.timedelta(seconds=3)  # the unequal micro-batch demo's group
 BATCH, MICRO = 8, 4  # pipeline: 8 samples in 4 micro-batches of 2
 SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
-
-
-def say(text):
-    """One line, one print, prefixed with this rank."""
-    print(f"rank {dist.get_rank()}: {text}", flush=True)
-
-
-def shared(text):
-    """A fact both ranks share: printed once, by rank 0."""
-    if dist.get_rank() == 0:
-        say(text)
-
-
-def section(name):
-    say(f"== {name} ==")
-
-
-def setup(backend):
-    """Join the group torchrun describes in the environment; return the device for tensors."""
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=TIMEOUT, device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=TIMEOUT)
-    return device
 
 
 ROUNDING = 1e-15  # float64 gaps this small are rounding: the order of additions, not the math
@@ -120,7 +90,7 @@ def tp_models(mesh, device):
 
 
 def show_shapes(ref, tp):
-    section("tp shapes")
+    heading("tp shapes")
     shared(f"nn.Linear(6, 8).weight shape {list(ref.up.weight.shape)}: [out, in]")
     for name in ("up", "down"):
         for p in ("weight", "bias"):
@@ -145,7 +115,7 @@ def tp_step(model, x, y):
 def show_tp(mesh, device):
     ref, tp = tp_models(mesh, device)
     show_shapes(ref, tp)
-    section("tp equal")
+    heading("tp equal")
     x = torch.randn(5, 6, dtype=torch.float64, device=device)  # (B, dim): same on both ranks
     y = torch.randn(5, 6, dtype=torch.float64, device=device)
     x_ref, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()  # as if from a layer below
@@ -162,7 +132,7 @@ def show_tp(mesh, device):
         opt.step()
     worst = max(gap(tp.get_parameter(n), p) for n, p in ref.named_parameters())
     shared(f"after one AdamW step: max parameter gap {below(worst)}")
-    section("tp comms")
+    heading("tp comms")
     shared(f"forward ran: {comms(fwd)}")
     shared(f"backward ran: {comms(bwd)}")
     w = tp.up.weight.to_local()  # the sharded matmul itself: local tensors only
@@ -267,7 +237,7 @@ def grad_ratio(module, ref_grads):
 
 
 def show_schedules(device):
-    section("pp schedules")
+    heading("pp schedules")
     ref_loss, ref_grads = reference(mean_loss, device)
     shared(f"batch {BATCH} in {MICRO} micro-batches; reference loss {ref_loss.item():.6f}")
     for kind in SCHEDULES:
@@ -283,7 +253,7 @@ def show_schedules(device):
 
 
 def show_scale_grads(device):
-    section("scale_grads")
+    heading("scale_grads")
     cases = [("mean loss, scale_grads=True ", mean_loss, True, mean_loss),
              ("mean loss / 4, scale_grads=True ", quarter_loss, True, mean_loss),
              ("sum loss, scale_grads=True ", sum_loss, True, sum_loss),
@@ -296,7 +266,7 @@ def show_scale_grads(device):
 
 
 def show_unequal():
-    section("unequal")
+    heading("unequal")
     shared(f"batch 10 into {MICRO} micro-batches: torch.tensor_split sizes "
            f"{[len(c) for c in torch.tensor_split(torch.arange(10), MICRO)]}")
     group = dist.new_group(backend="gloo", timeout=SHORT)  # the stages' sends and receives
@@ -326,27 +296,9 @@ def run_pp(device):
     return 0
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["tp", "pp", "all"])
-    parser.add_argument("--backend", choices=["gloo", "nccl", "auto"], default="gloo")
-    args = parser.parse_args()
-    device = setup(args.backend)
-    code = 1
-    try:
-        parts = {"tp": [run_tp], "pp": [run_pp], "all": [run_tp, run_pp]}[args.part]
-        code = max(part(device) for part in parts)
-    except Exception:
-        traceback.print_exc()  # os._exit below would otherwise swallow the error
-    finally:
-        try:
-            dist.barrier()  # no rank tears down while the other still talks to it
-        finally:
-            dist.destroy_process_group()  # stop gloo's threads before Python's exit
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)  # skip the interpreter's finalization (lesson 09: aborts at exit)
+def run_all(device):
+    return max(run_tp(device), run_pp(device))
 
 
 if __name__ == "__main__":
-    main()
+    serve({"tp": run_tp, "pp": run_pp, "all": run_all})

@@ -29,23 +29,17 @@
 #
 # **How to run:** `python lessons/11_fsdp2/fsdp2.py` or `make lesson N=11` from the repository
 # root, or open `fsdp2.ipynb`. It launches `worker.py` once on 2 ranks (10–15 s on the CPU,
-# gloo backend); every section below reads that launch's output. Run the worker yourself:
+# gloo backend) through the course's multi-rank kit, `lessons/multirank.py` (lesson 09
+# explains it); every section below reads that launch's output. Run the worker yourself:
 # `torchrun --standalone --nproc-per-node=2 lessons/11_fsdp2/worker.py main` (add
 # `--backend nccl` on a machine with 2 GPUs; `pinned` instead of `main` shows a launch that
 # fails cleanly). Each printing cell is followed by an *Output* block: what it printed with
 # the pinned PyTorch (2.13.0), checked by `make test`.
 
 # %%
-import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
-from typing import NamedTuple
 
 import matplotlib.pyplot as plt
 import torch
@@ -53,76 +47,11 @@ import torch
 torch.manual_seed(0)
 torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit (lesson 09)
+from multirank import launch, section, show  # noqa: E402
+
 WORKER = HERE / "worker.py"
-GRACE_S = 3.0  # after SIGTERM, how long torchrun gets to stop its ranks itself
-
-
-class Run(NamedTuple):
-    code: int  # torchrun's exit status
-    seconds: float  # wall time of the whole launch
-    out: dict  # {rank: what the rank printed}
-    err: dict  # {rank: what the rank wrote to stderr}
-
-
-def kill_sessions(pids):
-    for pid in pids:  # torchrun and each rank lead a process session of their own
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def stop(proc):
-    """On timeout: list the ranks (torchrun's children), SIGTERM torchrun, then kill all."""
-    ps = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
-    proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its ranks
-    try:
-        proc.wait(GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    kill_sessions([proc.pid, *map(int, ps.stdout.split())])
-    return proc.wait()
-
-
-def launch(part, timeout=120.0):
-    """Run `worker.py part` on 2 ranks under a hard timeout; never leave a process behind."""
-    logs = Path(tempfile.mkdtemp(prefix="lesson11-"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "--log-dir", str(logs), "--redirects", "3", str(WORKER), part]
-    start = time.monotonic()
-    # a CPU run on every machine: a visible GPU would let pin_memory=True work (section 9)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    with open(logs / "torchrun.log", "w") as agent_log:
-        proc = subprocess.Popen(cmd, env=env, stdout=agent_log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            code = stop(proc)
-    read = lambda name: {int(f.parent.name): f.read_text() for f in logs.glob(f"*/attempt_0/*/{name}")}  # noqa: E731
-    run = Run(code, time.monotonic() - start, read("stdout.log"), read("stderr.log"))
-    shutil.rmtree(logs, ignore_errors=True)
-    return run
-
-
-HEADER = re.compile(r"rank \d+: == .* ==")  # the line that starts a section
-
-
-def section(run, name):
-    """{rank: [lines]} of one `== name ==` section of the worker's output."""
-    found = {}
-    for rank, text in sorted(run.out.items()):
-        lines = text.splitlines()
-        start = lines.index(f"rank {rank}: == {name} ==") + 1
-        ends = [i for i in range(start, len(lines)) if HEADER.fullmatch(lines[i])]
-        found[rank] = lines[start : ends[0] if ends else len(lines)]
-    return found
-
-
-def show(run, name):
-    for lines in section(run, name).values():
-        for line in lines:
-            print(line)
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}  # the same CPU run on every machine (section 9 says why)
 
 
 # %% [markdown]
@@ -145,7 +74,7 @@ def show(run, name):
 # equal to the single-process step, and to what precision in float64?
 
 # %%
-run = launch("main")
+run = launch(WORKER, ["main"], env=CPU_ONLY)
 print(f"torchrun exit code {run.code} after {run.seconds:.1f} s, output from ranks {sorted(run.out)}")
 show(run, "ddp")
 
@@ -593,11 +522,11 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 # nowhere to offload to). The launcher hides any GPU from the ranks (`CUDA_VISIBLE_DEVICES=`
 # empty), so this section reads the same on every machine; with a GPU visible, pinned
 # memory can be allocated and the default policy is expected to work (not run here: no GPU).
-# The worker's `pinned` part lets this error escape: the launch then fails cleanly. Each
-# rank prints its traceback before the barrier, so both tracebacks are written before either
-# rank can exit; then the first rank to exit does so with code 1, and torchrun, seeing a
-# failure, stops the other with SIGTERM (exit -15) unless it has already exited with 1 too
-# (the tests run it).
+# The worker's `pinned` part lets this error escape: the launch then fails cleanly and
+# fast. A rank whose part raised prints its traceback, skips the teardown's barrier (the
+# other rank could be in any collective), destroys its process group and exits with code
+# 1; torchrun, seeing a failure, stops the other rank with SIGTERM (exit -15) unless it
+# has already failed the same way (the tests run it).
 
 # %% [markdown]
 # ## Summary

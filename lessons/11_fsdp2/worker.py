@@ -10,18 +10,17 @@
   `set_requires_gradient_sync(False)` accumulation, CPU offload.
 - `pinned`: `CPUOffloadPolicy()` (pin_memory=True by default) on a machine without an
   accelerator; the error is not caught, so the part fails: the launch ends with exit code 1,
-  cleanly (barrier, destroy_process_group, os._exit).
+  cleanly (the kit's teardown: no barrier after a failure, destroy_process_group, os._exit).
 
-Output: every line is one print() that starts with `rank N:`; facts both ranks share come
-from rank 0 only; `== name ==` lines start a section. Teardown as in lesson 09: barrier, then
-destroy_process_group, flush, os._exit(code) with any traceback printed first.
+Output, process group and teardown come from the course's kit, lessons/multirank.py (lesson
+09): `say` prints one line prefixed `rank N:`, `shared` a fact both ranks share (rank 0
+only), `heading` starts a `== name ==` section; `serve` runs the part between `setup` and
+`teardown`.
 """
 
-import argparse
-import datetime
-import os
 import sys
 import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -33,22 +32,11 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, full
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-TIMEOUT = datetime.timedelta(seconds=45)  # gloo's default is 30 minutes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lessons/: the course's kit
+from multirank import heading, say, serve, shared  # noqa: E402
+
 V, D, T, B = 64, 32, 8, 4  # vocabulary, width, tokens per sequence, sequences per rank
 NAMES = ("embed", "blocks.0", "blocks.1", "head")  # the modules we watch
-
-
-def say(text):
-    print(f"rank {dist.get_rank()}: {text}", flush=True)
-
-
-def shared(text):
-    if dist.get_rank() == 0:
-        say(text)
-
-
-def section(name):
-    say(f"== {name} ==")
 
 
 class Block(nn.Module):
@@ -151,7 +139,7 @@ def grad_gap(model, ref):
 
 
 def show_ddp(device):
-    section("ddp")
+    heading("ddp")
     tokens, mine = batch(device)
     ref = make_model(torch.float64, device)
     adamw_step(ref, tokens)  # one process, the whole batch
@@ -177,7 +165,7 @@ def local_numel(model):
 
 
 def show_placements(mesh, device):
-    section("placements")
+    heading("placements")
     model = shard(make_model(torch.float64, device), mesh=mesh)
     kinds = {(type(p).__name__, str(p.placements)) for p in model.parameters()}
     shared(f"parameter types and placements at rest: {sorted(kinds)}")
@@ -192,7 +180,7 @@ def show_placements(mesh, device):
 
 
 def show_step(mesh, device):
-    section("step")
+    heading("step")
     tokens, mine = batch(device)
     for dtype in (torch.float64, torch.float32):
         ref = make_model(dtype, device)
@@ -216,7 +204,7 @@ def root_grads(model, ref):
 
 
 def show_hooks(mesh, device):
-    section("hooks")
+    heading("hooks")
     tokens, mine = batch(device)
     ref = make_model(torch.float64, device)
     loss_fn(ref, tokens).backward()  # one process, the whole batch: the gradient to expect
@@ -306,7 +294,7 @@ def trace_step(model, tokens):
 
 
 def show_reshard(mesh, device):
-    section("reshard")
+    heading("reshard")
     _, mine = batch(device)
     for mode in (True, False, None):
         model = shard(make_model(torch.float32, device), mesh=mesh, reshard_after_forward=mode)
@@ -322,7 +310,7 @@ def show_reshard(mesh, device):
 
 
 def show_mixed(mesh, device):
-    section("mixed")
+    heading("mixed")
     _, mine = batch(device)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     model = shard(make_model(torch.float32, device), mesh=mesh, mp_policy=mp)
@@ -352,7 +340,7 @@ def accounting(model, opt, peak_params):
 
 
 def show_memory(mesh, device):
-    section("memory")
+    heading("memory")
     _, mine = batch(device)
     ddp = DDP(make_model(torch.float32, device))
     opt = adamw_step(ddp, mine)
@@ -371,7 +359,7 @@ def show_memory(mesh, device):
 
 
 def show_no_sync(mesh, device):
-    section("no_sync")
+    heading("no_sync")
     tokens, mine = batch(device)
     ref = accumulated_reference(tokens, device)
     model = shard(make_model(torch.float64, device), mesh=mesh)
@@ -383,7 +371,7 @@ def show_no_sync(mesh, device):
 
 
 def show_offload(mesh, device):
-    section("offload")
+    heading("offload")
     tokens, mine = batch(device)
     ref = make_model(torch.float64, device)
     adamw_step(ref, tokens)
@@ -403,7 +391,7 @@ def show_offload(mesh, device):
 
 def show_cuda_memory(mesh, device):
     """NCCL only: the peak CUDA memory of one FSDP2 step vs the steady-state formula."""
-    section("cuda_memory")
+    heading("cuda_memory")
     _, mine = batch(device)
     model = shard(make_model(torch.float32, device), mesh=mesh)
     torch.cuda.synchronize()
@@ -436,47 +424,12 @@ def main_part(device):
 
 
 def pinned_part(device):
-    section("pinned")
+    heading("pinned")
     mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
     shard(make_model(torch.float32, device), mesh=mesh, offload_policy=CPUOffloadPolicy())
     say("sharded with pinned CPU offload")
     return 0
 
 
-def setup(backend):
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=TIMEOUT, device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=TIMEOUT)
-    return device
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["main", "pinned"])
-    parser.add_argument("--backend", choices=["gloo", "nccl", "auto"], default="gloo")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    device = setup(args.backend)
-    code = 1
-    try:
-        code = {"main": main_part, "pinned": pinned_part}[args.part](device)
-    except Exception:
-        traceback.print_exc()  # os._exit below would otherwise swallow the error
-    finally:
-        try:
-            dist.barrier()
-        finally:
-            dist.destroy_process_group()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-
-
 if __name__ == "__main__":
-    main()
+    serve({"main": main_part, "pinned": pinned_part})

@@ -41,18 +41,13 @@
 # %%
 import atexit
 import json
-import os
 import pathlib
 import re
 import shutil
-import signal
 import struct
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import NamedTuple
 
 import matplotlib.pyplot as plt
 import torch
@@ -64,6 +59,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 torch.manual_seed(0)
 torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit (lesson 09)
+from multirank import launch, section, show  # noqa: E402
+
 WORKER = HERE / "worker.py"
 TMP = Path(tempfile.mkdtemp(prefix="lesson12-"))  # every checkpoint of the lesson; removed at the end
 atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # ... and at exit, should a cell fail first
@@ -348,95 +346,20 @@ for name, (t, steps) in runs.items():
 # 2-rank checkpoint into one written by a single process, and both ranks load that one
 # (1 → 2): the cells after the 1-process part below show it.
 #
-# The launcher below runs `worker.py` under torchrun with the precautions of lesson 09: a
-# hard timeout that kills torchrun's session and every rank's, one log file per rank
-# (`--log-dir` with `--redirects 3`), `OMP_NUM_THREADS=1`. It reads the logs of *every
-# attempt* (`attempt_0`, `attempt_1`, ...), which the restart drill needs, and it sets
-# `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (section 5 says why).
+# The launch goes through the course's multi-rank kit, `lessons/multirank.py`, with the
+# precautions of lesson 09 (a hard timeout, every process of the launch killed however it
+# ends, one log file per rank, `OMP_NUM_THREADS=1`). It keeps the logs of *every attempt*
+# (`attempt_0`, `attempt_1`, ...), which the restart drill needs (`section(run, name,
+# attempt)`), and it sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (section 5 says why).
 #
 # **Predict.** How many `.distcp` files does a 2-rank save write? Is the reloaded step 2
 # bitwise equal to the uninterrupted one?
 
 # %%
-GRACE_S = 3.0  # after SIGTERM, how long torchrun gets to stop its ranks itself
-
-
-class Run(NamedTuple):
-    code: int  # torchrun's exit status
-    seconds: float  # wall time of the whole launch
-    out: dict  # {(attempt, rank): what the rank printed}
-    err: dict  # {(attempt, rank): what it wrote to stderr}
-    agent: str  # torchrun's own log
-
-
-def children(pid):
-    return [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
-
-
-def stop(proc):
-    """On timeout: SIGTERM torchrun (it forwards it), then SIGKILL its session and each rank's."""
-    ranks = children(proc.pid)  # before SIGTERM: ranks whose torchrun died are no longer its children
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(GRACE_S)
-    except subprocess.TimeoutExpired:
-        ranks += children(proc.pid)  # a restart may have started new ranks meanwhile
-    for pid in {proc.pid, *ranks}:  # torchrun starts each rank in a session of its own
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return proc.wait()
-
-
-def read_logs(logs, name):
-    """{(attempt, rank): text} from torchrun's DIR/<run id>/attempt_N/<rank>/<name>."""
-    return {(int(f.parent.parent.name.split("_")[1]), int(f.parent.name)): f.read_text()
-            for f in logs.glob(f"*/attempt_*/*/{name}")}
-
-
-def launch(args, restarts=0, timeout=120.0):
-    """Run `worker.py *args` on 2 ranks under a hard timeout; never leave a process behind."""
-    logs = Path(tempfile.mkdtemp(prefix="logs-", dir=TMP))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           f"--max-restarts={restarts}", "--log-dir", str(logs), "--redirects", "3", str(WORKER), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    start = time.monotonic()
-    with open(logs / "torchrun.log", "w") as agent_log:
-        proc = subprocess.Popen(cmd, env=env, stdout=agent_log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            code = stop(proc)
-    run = Run(code, time.monotonic() - start, read_logs(logs, "stdout.log"), read_logs(logs, "stderr.log"),
-              (logs / "torchrun.log").read_text())
-    shutil.rmtree(logs, ignore_errors=True)
-    return run
-
-
-def section(run, name, attempt=0):
-    """{rank: [lines]} of one `== name ==` section of one attempt's output."""
-    found = {}
-    for (a, rank), text in sorted(run.out.items()):
-        lines = text.splitlines()
-        if a != attempt or f"rank {rank}: == {name} ==" not in lines:
-            continue
-        start = lines.index(f"rank {rank}: == {name} ==") + 1
-        ends = [i for i in range(start, len(lines)) if lines[i].startswith(f"rank {rank}: == ")]
-        found[rank] = lines[start:ends[0] if ends else len(lines)]
-    return found
-
-
-def show(run, name, attempt=0):
-    for lines in section(run, name, attempt).values():
-        for line in lines:
-            print(line)
-
-
 ck = TMP / "reshard"
 ck.mkdir()
-run = launch(["reshard", str(ck)])
-print(f"torchrun exit code {run.code} after {run.seconds:.1f} s, ranks {sorted(r for _, r in run.out)}")
+run = launch(WORKER, ["reshard", str(ck)])
+print(f"torchrun exit code {run.code} after {run.seconds:.1f} s, ranks {sorted(run.out)}")
 show(run, "save")
 show(run, "reload")
 print(f"files in step1: {sorted(p.name for p in (ck / 'step1').iterdir())}")
@@ -716,9 +639,8 @@ print(f"step2 checkpoint holds the step-2 parameters: {all(same(msd2[n], ref['pa
 # %%
 drill_dir = TMP / "drill"
 drill_dir.mkdir()
-drill = launch(["drill", str(drill_dir)], restarts=1)
-attempts = sorted({a for a, _ in drill.out})
-print(f"torchrun exit code {drill.code} after {drill.seconds:.1f} s; attempts {attempts}")
+drill = launch(WORKER, ["drill", str(drill_dir)], restarts=1)
+print(f"torchrun exit code {drill.code} after {drill.seconds:.1f} s; attempts {drill.attempts}")
 show(drill, "attempt", 0)
 show(drill, "train", 0)
 
@@ -822,9 +744,8 @@ def plot_drill(ref, first, second, checkpoint, killed):
     ax.plot(list(second), list(second.values()), "x--", color="tab:orange", markersize=9, label="attempt 1 (resumed)")
     ax.axvline(checkpoint, color="tab:green", linestyle=":", label=f"checkpoint loaded (step {checkpoint})")
     ax.axvline(killed, color="tab:red", linestyle="-.", label=f"kill (while saving step {killed})")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (mean of 2 ranks)")
-    ax.set_title("Restart drill: the resumed run retraces the uninterrupted one")
+    ax.set(xlabel="step", ylabel="loss (mean of 2 ranks)",
+           title="Restart drill: the resumed run retraces the uninterrupted one")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

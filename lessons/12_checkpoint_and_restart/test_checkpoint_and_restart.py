@@ -4,7 +4,9 @@ restart drill and the safety demos, read from the narrative's namespace and from
 output; the figure; the exercises; the drill on NCCL with 2 GPUs; the drill repeated 10
 times (slow).
 
-The narrative launches ranks (2 launches per run): all tests here are `multirank`."""
+The narrative launches ranks (2 launches per run): all tests here are `multirank`. (That no
+rank outlives the lesson, the drill's killed attempt included, is checked by the `lesson`
+fixture.)"""
 
 import re
 import tempfile
@@ -14,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from scripts.multirank import running
+from scripts.multirank import launch, running
 
 pytestmark = pytest.mark.multirank
 HERE = Path(__file__).parent
@@ -76,9 +78,9 @@ def test_full_state_resumes_exactly_and_partial_states_diverge(lesson):
 def test_reshard_launch_and_two_rank_reload(lesson):
     ns = lesson.ns
     run, section = ns["run"], ns["section"]
-    assert run.code == 0 and sorted(run.out) == [(0, 0), (0, 1)], run
-    for key in run.err:
-        assert "Traceback" not in run.err[key] and "Warning" not in run.err[key], run.err[key]
+    assert run.ok and run.attempts == [0] and sorted(run.out) == [0, 1], run.describe()
+    for rank, err in run.err.items():
+        assert "Traceback" not in err and "Warning" not in err, err
     reload = section(run, "reload")[0]
     assert reload[0].endswith("equal True"), reload
     assert reload[1] == "rank 0: parameters after step 2 bitwise equal to the uninterrupted run: True"
@@ -133,16 +135,15 @@ def test_async_save_overlaps_and_holds_the_staged_state(lesson):
 def test_restart_drill(lesson):
     ns = lesson.ns
     drill, section = ns["drill"], ns["section"]
-    assert drill.code == 0, drill.agent
-    assert sorted(drill.out) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # both attempts' logs
-    assert drill.seconds < 120 / 2, drill  # well inside the launch timeout
+    assert drill.ok, drill.describe()  # exit 0, not timed out
+    assert sorted(drill.logs) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # both attempts' logs
     pids = {}
-    for (attempt, rank), text in drill.out.items():
+    for (attempt, rank), (text, _) in drill.logs.items():
         m = re.search(rf"rank {rank}: TORCHELASTIC_RESTART_COUNT=(\d) pid (\d+)", text)
         assert int(m[1]) == attempt
         pids[attempt, rank] = m[2]
     assert {pids[0, 0], pids[0, 1]}.isdisjoint({pids[1, 0], pids[1, 1]})  # new processes
-    killed = drill.out[0, 1].splitlines()[-1]
+    killed = drill.out_of(0)[1].splitlines()[-1]
     assert killed == "rank 1: killing myself (SIGKILL) after writing my shard of checkpoint 9"
     first = section(drill, "attempt", 1)[0]
     assert "rank 0: found step_9: rank 1's shard True, .metadata False -> INCOMPLETE, skipped" in first
@@ -154,7 +155,7 @@ def test_restart_drill(lesson):
     assert tail[-2:] == ["rank 0: resumed losses equal the uninterrupted ones: True",
                          "rank 0: final parameters bitwise equal to the uninterrupted run: True"]
     for rank in (0, 1):  # attempt 1 ended clean on both ranks
-        assert "Traceback" not in drill.err.get((1, rank), ""), drill.err
+        assert "Traceback" not in drill.err[rank], drill.describe()
 
 
 def test_figure_overlays_the_runs(lesson):
@@ -190,38 +191,25 @@ def test_temporary_files_removed(lesson):
     assert not lesson.ns["TMP"].exists()
 
 
-def test_launcher_leaves_no_rank_behind(lesson):
-    """The narrative's launches (the drill's killed attempt too) left no worker process."""
-    assert running(WORKER) == []
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # 10 launches of ~10-20 s each; each has its own 120 s hard timeout
 def test_drill_ten_times(lesson):
     """The issue's done-when: the drill 10 times in a row, no failure, no process left."""
-    ns = lesson.ns
-    saved = ns["TMP"]
-    try:
-        for i in range(10):
-            with tempfile.TemporaryDirectory() as tmp:
-                ns["TMP"] = Path(tmp)  # launch() puts its logs under TMP
-                (Path(tmp) / "drill").mkdir()
-                run = ns["launch"](["drill", str(Path(tmp) / "drill")], restarts=1)
-                assert run.code == 0 and sorted(run.out) == [(0, 0), (0, 1), (1, 0), (1, 1)], (i, run)
-                last = ns["section"](run, "reference", 1)[0][-1]
-                assert last == "rank 0: final parameters bitwise equal to the uninterrupted run: True", (i, run)
-            assert running(WORKER) == [], i  # the killed attempt's ranks too
-    finally:
-        ns["TMP"] = saved  # the other tests see the narrative's own TMP again
+    section = lesson.ns["section"]
+    for i in range(10):
+        with tempfile.TemporaryDirectory() as tmp:
+            run = launch(WORKER, ["drill", tmp], restarts=1)
+            assert run.ok and sorted(run.logs) == [(0, 0), (0, 1), (1, 0), (1, 1)], (i, run.describe())
+            last = section(run, "reference", 1)[0][-1]
+            assert last == "rank 0: final parameters bitwise equal to the uninterrupted run: True", (i, run.describe())
+        assert running(WORKER) == [], i  # the killed attempt's ranks too
 
 
 @pytest.mark.multigpu
 def test_drill_on_nccl(tmp_path):
-    from scripts.multirank import launch
-
-    result = launch(WORKER, nproc=2, timeout=180, max_restarts=1, args=["drill", str(tmp_path), "--backend", "nccl"])
+    result = launch(WORKER, ["drill", str(tmp_path), "--backend", "nccl"], timeout=180, restarts=1)
     assert result.ok, result.describe()
-    out = result.ranks[0].stdout  # the last attempt
+    out = result.out[0]  # the last attempt
     assert "rank 0: TORCHELASTIC_RESTART_COUNT=1" in out
     assert "replay window steps 7-9" in out
     assert "rank 0: final parameters bitwise equal to the uninterrupted run: True" in out

@@ -18,21 +18,18 @@
   checkpoint (one with DCP's .metadata file), replay steps 7-9, finish, and compare their final
   parameters with an uninterrupted 12-step run computed at the end of the same attempt.
 
-Output: every line is one print() that starts with `rank N:`; facts shared by both ranks come
-from rank 0 only; `== name ==` lines start a section.
-
-Teardown (as lesson 09): dist.barrier() then dist.destroy_process_group() on every exit path,
-then flush and os._exit(code), the traceback printed first.
+Output, process group and teardown come from the course's kit, lessons/multirank.py (lesson
+09): `say` prints one line prefixed `rank N:`, `shared` a fact both ranks share (rank 0
+only), `heading` starts a `== name ==` section; `serve` runs the part between `setup` and
+`teardown`.
 """
 
-import argparse
 import datetime
 import os
 import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -43,39 +40,12 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-TIMEOUT = datetime.timedelta(seconds=45)  # gloo's default is 30 minutes; the machine is shared
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lessons/: the course's kit
+from multirank import GROUP_TIMEOUT_S, heading, say, serve, shared  # noqa: E402
+
 STEPS, EVERY, KILL_AT = 12, 3, 9  # the drill: 12 steps, save after 3, 6, 9; die while saving 9
 BATCH = 8  # global batch: each rank takes 4 rows
 GATE_S = 30.0  # the longest async_save's writer waits for the main thread's step 3
-
-
-def say(text):
-    """One line, one print, prefixed with this rank."""
-    print(f"rank {dist.get_rank()}: {text}", flush=True)
-
-
-def shared(text):
-    if dist.get_rank() == 0:
-        say(text)
-
-
-def section(name):
-    say(f"== {name} ==")
-
-
-def setup(backend):
-    """Join the group torchrun describes; return the device for tensors."""
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    torch.set_num_threads(1)
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=TIMEOUT, device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=TIMEOUT)
-    return device
 
 
 def build(device, seed=0):
@@ -143,7 +113,7 @@ def bitwise(a, b):
 
 
 def save_and_reference(root, device):
-    section("save")
+    heading("save")
     model, optim, sched = build(device)
     loss1 = train_step(model, optim, sched, 1, device)
     dcp.save(state(model, optim, sched, 1), checkpoint_id=root / "step1")
@@ -158,7 +128,7 @@ def save_and_reference(root, device):
 
 
 def reload_two_ranks(root, device, loss2, params):
-    section("reload")
+    heading("reload")
     model, optim, sched = build(device, seed=123)  # other weights: the load must overwrite them
     step = restore(model, optim, sched, root / "step1")
     loss = train_step(model, optim, sched, step + 1, device)
@@ -167,7 +137,7 @@ def reload_two_ranks(root, device, loss2, params):
 
 
 def one_to_two(root, device, loss2, params):
-    section("one to two")
+    heading("one to two")
     if dist.get_rank() == 0:  # one process turns the 2-rank checkpoint into a 1-process one
         dcp_to_torch_save(root / "step1", root / "step1_full.pt")  # full tensors, one file
         torch_save_to_dcp(root / "step1_full.pt", root / "step1_full")  # saved by 1 process, no_dist
@@ -198,10 +168,10 @@ class GatedWriter(dcp.FileSystemWriter):
 
 
 def async_checkpoint(root, device, trained):
-    section("async")
+    heading("async")
     model, optim, sched = trained  # after step 2
     # its own group: async_save's background collectives must not interleave with training's
-    group = dist.new_group(backend="gloo", timeout=TIMEOUT)
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     writer = GatedWriter(root / "step2")
     start = time.perf_counter()
     future = dcp.async_save(state(model, optim, sched, 2), storage_writer=writer, process_group=group)
@@ -215,7 +185,7 @@ def async_checkpoint(root, device, trained):
     shared(f"step2 has .metadata: {(root / 'step2' / '.metadata').is_file()}")
 
 
-def reshard(root, device):
+def reshard(device, root):
     loss2, params, trained = save_and_reference(root, device)
     reload_two_ranks(root, device, loss2, params)
     one_to_two(root, device, loss2, params)
@@ -271,8 +241,8 @@ def run_steps(root, device, trained, first, record):
             save(root, trained, step, dying)
 
 
-def drill(root, device):
-    section("attempt")
+def drill(device, root):
+    heading("attempt")
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     say(f"TORCHELASTIC_RESTART_COUNT={attempt} pid {os.getpid()}")
     trained = build(device)
@@ -282,10 +252,10 @@ def drill(root, device):
         start = restore(*trained, root / f"step_{found[-1]}")
         killed = int((root / "killed").read_text())  # the step the marker recorded
         shared(f"resumed from step_{start}; the kill came after step {killed}: replay window steps {start + 1}-{killed}")
-    section("train")
+    heading("train")
     record = {}
     run_steps(root, device, trained, start + 1, record)
-    section("reference")
+    heading("reference")
     final = full_params(trained[0])
     ref = build(device)
     ref_losses = {s: train_step(*ref, s, device) for s in range(1, STEPS + 1)}  # never interrupted
@@ -295,27 +265,6 @@ def drill(root, device):
     return 0
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["reshard", "drill"])
-    parser.add_argument("root", type=Path, help="the folder for checkpoints (created by the caller)")
-    parser.add_argument("--backend", choices=["gloo", "nccl", "auto"], default="gloo")
-    args = parser.parse_args()
-    device = setup(args.backend)
-    code = 1
-    try:
-        code = {"reshard": reshard, "drill": drill}[args.part](args.root, device)
-    except Exception:
-        traceback.print_exc()  # os._exit below would otherwise swallow the error
-    finally:
-        try:
-            dist.barrier()  # no rank tears down while the other still talks to it
-        finally:
-            dist.destroy_process_group()  # stop gloo's threads before Python's exit
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)  # skip interpreter finalization (lesson 09: rare abort at exit)
-
-
 if __name__ == "__main__":
-    main()
+    serve({"reshard": reshard, "drill": drill},
+          lambda parser: parser.add_argument("root", type=Path, help="the folder for checkpoints (made by the caller)"))

@@ -1,0 +1,441 @@
+"""The course's multi-rank kit: start ranks with torchrun, never hang, never leave a process.
+
+Lesson 09 introduces it and says why each precaution is here; lessons 10 and later import
+it, and so do the tests (`scripts/multirank.py`). A lesson script or notebook is the
+*parent*; `torchrun` starts the *ranks*, each running the lesson's `worker.py`.
+
+In the parent (a lesson, a test):
+
+    run = launch(WORKER, ["part"])               # 1 torchrun agent, 2 ranks
+    run = launch(WORKER, ["part"], nnodes=2)     # 2 agents joining one rendezvous: 4 ranks
+    run.code, run.seconds, run.out[rank], run.err[rank]
+    show(run, "name")                            # print one `== name ==` section of each rank
+
+In a worker (one rank):
+
+    from multirank import heading, say, serve, shared
+    serve({"part": part})   # argv, process group, part(device), teardown, exit code
+
+The precautions, each measured on the course's machine:
+- A hard timeout bounds every launch from outside: a rank stuck in a collective waits as
+  long as its group's timeout, a rank stuck before that can wait forever.
+- Killing a launch kills all of it. torchrun starts each rank in a process session of its
+  own, so killing torchrun's session leaves the ranks running. Every process of a launch
+  carries a mark in its environment (`COURSE_LAUNCH_ID`); the kill takes the agents'
+  sessions, their descendants, and (on Linux, from /proc) every marked process. It runs on
+  any exit of the parent: a normal end, the timeout, an exception, Ctrl-C or a notebook's
+  Interrupt (KeyboardInterrupt), pytest-timeout (an exception raised from SIGALRM) and
+  SIGTERM (a handler kills the launch, then the signal does what it would have done).
+- One log file per rank (`--log-dir` with `--redirects 3`): two ranks printing to one
+  terminal can interleave inside a line.
+- `OMP_NUM_THREADS=1`: one thread per rank on a small CPU.
+- `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`: without it a group restarted by `--max-restarts`
+  reads the first attempt's stale addresses and fails or hangs (pytorch/pytorch#135712).
+- In a rank, `serve` tears down with a barrier only when the part ended normally, then
+  always `destroy_process_group()`, then `os._exit` (AUTHORING.md has the measurements).
+
+Standard library only (torch is imported inside the rank's functions), so that a test can
+use the launcher without importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["GRACE_S", "GROUP_TIMEOUT_S", "MARK", "Run", "heading", "kill_launch", "launch",
+           "marked", "running", "say", "section", "serve", "setup", "shared", "show", "teardown"]
+
+MARK = "COURSE_LAUNCH_ID"  # the environment variable every process of a launch carries
+GRACE_S = 3.0  # after SIGTERM, how long torchrun gets to stop its ranks itself
+GROUP_TIMEOUT_S = 60  # a rank's default process group: an error after this, never gloo's 30 min
+HEADER = re.compile(r"rank (\d+): == (.*) ==")  # a worker's section heading
+FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", re.S)
+_ACTIVE: dict[str, list[subprocess.Popen]] = {}  # mark -> agents of the launches in flight
+
+
+# ---------------------------------------------------------------------------- the parent
+
+
+@dataclass
+class Run:
+    """What a launch left: exit status, time, and every rank's output of every attempt."""
+
+    code: int | None  # torchrun's exit status (the first failing agent's); None: timed out
+    seconds: float  # wall time of the whole launch
+    timed_out: bool
+    agent: str  # what torchrun itself printed (every agent's, one after the other)
+    logs: dict  # {(attempt, rank): (stdout, stderr)}; attempts count restarts from 0
+    exit_codes: dict  # {rank: exit code}; None: the launch failed and torchrun stopped it
+    leftover: int = 0  # processes of the launch alive after torchrun exited (killed): 0
+    mark: str = ""  # the COURSE_LAUNCH_ID its processes carried (see marked)
+
+    @property
+    def attempts(self) -> list[int]:
+        return sorted({a for a, _ in self.logs})
+
+    def out_of(self, attempt: int = -1) -> dict[int, str]:
+        """{rank: stdout} of one attempt (-1: the last)."""
+        a = self.attempts[attempt] if self.attempts else 0
+        return {r: text for (b, r), (text, _) in sorted(self.logs.items()) if b == a}
+
+    @property
+    def out(self) -> dict[int, str]:  # {rank: stdout} of the last attempt
+        return self.out_of()
+
+    @property
+    def err(self) -> dict[int, str]:  # {rank: stderr} of the last attempt
+        last = self.attempts[-1] if self.attempts else 0
+        return {r: text for (a, r), (_, text) in sorted(self.logs.items()) if a == last}
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and not self.timed_out
+
+    def describe(self) -> str:
+        """Everything a failing test should show: torchrun's output and each rank's."""
+        parts = [f"exit code {self.code}, timed out {self.timed_out}, {self.seconds:.1f} s, "
+                 f"leftover {self.leftover}", f"--- torchrun ---\n{self.agent}"]
+        for (a, r), (out, err) in sorted(self.logs.items()):
+            parts.append(f"--- attempt {a} rank {r} (exit {self.exit_codes.get(r)}) ---\n{out}{err}")
+        return "\n".join(parts)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def commands(worker, args, nproc, nnodes, restarts, logs: Path, mark: str) -> list[list[str]]:
+    """One torchrun command per agent. nnodes > 1: agents on this machine that join one c10d
+    rendezvous, exactly as the nodes of a multi-node job do (the first one hosts its store)."""
+    run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+           f"--max-restarts={restarts}", "--redirects", "3"]
+    tail = [str(worker), *map(str, args)]
+    if nnodes == 1:
+        return [[*run, "--standalone", "--log-dir", str(logs / "agent0"), *tail]]
+    port = free_port()
+    return [[*run, f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+             f"--rdzv-id={mark[:12]}", f"--rdzv-conf=is_host={int(i == 0)}",
+             "--log-dir", str(logs / f"agent{i}"), *tail] for i in range(nnodes)]
+
+
+def launch(worker, args=(), *, nproc: int = 2, nnodes: int = 1, timeout: float = 120.0,
+           restarts: int = 0, env: dict | None = None) -> Run:
+    """Run `worker args` on nnodes x nproc ranks under a hard timeout; leave no process."""
+    logs = Path(tempfile.mkdtemp(prefix="multirank-"))
+    mark = uuid.uuid4().hex
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {}), MARK: mark}
+    agents: list[subprocess.Popen] = []
+    _ACTIVE[mark] = agents
+    start, timed_out, leftover = time.monotonic(), False, None
+    try:
+        with _sigterm_kills_launches():
+            for i, cmd in enumerate(commands(worker, args, nproc, nnodes, restarts, logs, mark)):
+                with open(logs / f"agent{i}.log", "w") as out:
+                    agents.append(subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                                                   start_new_session=True))
+            timed_out = not _wait(agents, start + timeout)
+            if timed_out:
+                _stop(agents, mark)
+        leftover = kill_launch(agents, mark)
+        run = _collect(logs, agents, nproc, time.monotonic() - start, timed_out, leftover)
+        run.mark = mark
+        return run
+    finally:
+        if leftover is None:  # any other exit: an exception, Ctrl-C, pytest-timeout's alarm
+            kill_launch(agents, mark)
+        _ACTIVE.pop(mark, None)
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def _wait(agents, deadline: float) -> bool:
+    """Wait for every agent; False at the deadline. Once one agent fails, the others (other
+    'nodes') get GRACE_S to notice before they are stopped."""
+    if len(agents) == 1:
+        try:
+            agents[0].wait(max(deadline - time.monotonic(), 0))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    failed_at, stopped = None, False
+    while any(a.poll() is None for a in agents):
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if failed_at is None and any(a.poll() not in (None, 0) for a in agents):
+            failed_at = now
+        if failed_at is not None and now - failed_at > GRACE_S and not stopped:
+            for a in agents:
+                if a.poll() is None:
+                    a.send_signal(signal.SIGTERM)
+            stopped = True
+        time.sleep(0.05)
+    return True
+
+
+def _stop(agents, mark: str) -> None:
+    """At the timeout: SIGTERM the agents (torchrun forwards it to its ranks), GRACE_S, kill."""
+    known = _descendants([a.pid for a in agents])  # before they can be orphaned
+    for a in agents:
+        if a.poll() is None:
+            a.send_signal(signal.SIGTERM)
+    end = time.monotonic() + GRACE_S
+    while any(a.poll() is None for a in agents) and time.monotonic() < end:
+        time.sleep(0.05)
+    _kill(agents, known | set(marked(mark)))
+
+
+def kill_launch(agents, mark: str, reap: bool = True) -> int:
+    """SIGKILL every process of a launch still alive: the agents' sessions, their descendants
+    and every process carrying the mark. Returns how many there were besides the agents.
+    reap=False (in a signal handler): do not wait for the agents, Popen.wait's lock may be held."""
+    found: set[int] = set()
+    blocked = _block_interrupts()  # a second Ctrl-C must not stop the kill half-way
+    try:
+        for _ in range(3):  # again: a restarting agent may have started ranks meanwhile
+            pids = _descendants([a.pid for a in agents]) | set(marked(mark))
+            if not pids and all(a.poll() is not None for a in agents):
+                break
+            found |= pids
+            _kill(agents, pids)
+        for a in agents if reap else ():
+            a.wait()
+    finally:
+        _unblock(blocked)
+    return len(found)
+
+
+def _kill(agents, pids) -> None:
+    for a in agents:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(a.pid, signal.SIGKILL)  # the agent's session (start_new_session=True)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def marked(mark: str, var: str = MARK) -> list[int]:
+    """Pids of live processes whose environment has var=mark (Linux: /proc; elsewhere none)."""
+    needle, pids = f"{var}={mark}".encode(), []
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+    return [p for p in pids if p != os.getpid()]
+
+
+def _descendants(roots: list[int]) -> set[int]:
+    """Every live process below these pids (ps: Linux and macOS)."""
+    ps = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True)
+    children: dict[int, list[int]] = {}
+    for line in ps.stdout.splitlines():
+        pid, ppid = map(int, line.split())
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found - {os.getpid()}
+
+
+def _block_interrupts():
+    """Hold SIGINT and SIGTERM back (main thread only); they arrive once the kill is done."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def _unblock(previous) -> None:
+    if previous is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
+def _sigterm_kills_launches():
+    """SIGTERM (CI stopping a job, a kernel being shut down) ends Python without running any
+    `finally`: while a launch is in flight, a handler kills it first, then the signal does
+    what it would have done (the previous handler runs, or the process dies by SIGTERM)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; the finally still covers exceptions
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        for mark, agents in list(_ACTIVE.items()):
+            kill_launch(agents, mark, reap=False)
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            os.kill(os.getpid(), signum)  # SIG_DFL: die by SIGTERM, as without the handler
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _collect(logs: Path, agents, nproc: int, seconds: float, timed_out: bool, leftover: int) -> Run:
+    """Each rank's stdout and stderr of every attempt; exit codes from torchrun's summary."""
+    agent = "".join((logs / f"agent{i}.log").read_text() for i in range(len(agents)))
+    # c10d numbers the agents ('nodes') in the order of their pids: the rendezvous sorts its
+    # participants by (host, pid), and every agent here has the same host
+    node = {a.pid: n for n, a in enumerate(sorted(agents, key=lambda a: a.pid))}
+    found = {}
+    for i, a in enumerate(agents):
+        for folder in (logs / f"agent{i}").glob("*/attempt_*/*"):
+            attempt, local = int(folder.parent.name.split("_")[1]), int(folder.name)
+            read = lambda name: (folder / name).read_text() if (folder / name).exists() else ""  # noqa: E731
+            found[attempt, node[a.pid] * nproc + local] = (read("stdout.log"), read("stderr.log"))
+    codes = [a.returncode for a in agents]
+    code = None if timed_out else next((c for c in codes if c != 0), 0)
+    failed = {int(r): int(c) for r, c in FAILURE.findall(agent)}
+    ranks = {r for _, r in found} | set(range(nproc * len(agents)))
+    exits = {r: failed.get(r, 0 if code == 0 else None) for r in sorted(ranks)}
+    return Run(code, seconds, timed_out, agent, found, exits, 0 if timed_out else leftover)
+
+
+def section(run: Run, name: str, attempt: int = -1) -> dict[int, list[str]]:
+    """{rank: [lines]} of one `== name ==` section of each rank's output (ranks without it
+    are left out); `attempt` picks a restart (-1: the last)."""
+    found = {}
+    for rank, text in run.out_of(attempt).items():
+        lines = text.splitlines()
+        head = f"rank {rank}: == {name} =="
+        if head in lines:
+            start = lines.index(head) + 1
+            end = next((i for i in range(start, len(lines)) if HEADER.fullmatch(lines[i])), len(lines))
+            found[rank] = lines[start:end]
+    return found
+
+
+def show(run: Run, name: str, attempt: int = -1) -> None:
+    """Print one section, rank after rank."""
+    for lines in section(run, name, attempt).values():
+        for line in lines:
+            print(line)
+
+
+def running(path) -> list[str]:
+    """`pid args` of every live process whose command line names `path` (a worker script,
+    a lesson folder), this process and its parents excepted."""
+    ps = subprocess.run(["ps", "-ww", "-A", "-o", "pid=,ppid=,args="], capture_output=True, text=True, check=True)
+    rows = [line.strip().split(None, 2) + [""] for line in ps.stdout.splitlines() if line.strip()]
+    parent = {int(r[0]): int(r[1]) for r in rows}
+    mine, pid = set(), os.getpid()
+    while pid > 1 and pid not in mine:
+        mine.add(pid)
+        pid = parent.get(pid, 0)
+    return [f"{r[0]} {r[2]}" for r in rows if str(path) in r[2] and int(r[0]) not in mine and r[2][:2] != "ps"]
+
+
+# ---------------------------------------------------------------------------- in a rank
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+
+
+def say(text: str) -> None:
+    """One line, one print, prefixed with this rank (ranks' prints interleave otherwise)."""
+    print(f"rank {_rank()}: {text}", flush=True)
+
+
+def shared(text: str) -> None:
+    """A fact every rank shares: printed once, by rank 0."""
+    if _rank() == 0:
+        say(text)
+
+
+def heading(name: str) -> None:
+    """Start a section: `section(run, name)` in the parent finds the lines that follow."""
+    say(f"== {name} ==")
+
+
+def setup(backend: str = "gloo", timeout_s: float = GROUP_TIMEOUT_S):
+    """Join the group torchrun describes in the environment, with a timeout of seconds (gloo's
+    default is 30 minutes); one thread per rank. Returns the device for this rank's tensors."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timeout)
+    return device
+
+
+def teardown(code: int, clean: bool):
+    """End this rank: a barrier only if it got here normally (after a failure the barrier
+    would meet the other ranks' next collective and wait out the group's timeout), then
+    always destroy_process_group(), flush, and os._exit(code). Never returns."""
+    import torch.distributed as dist
+
+    try:
+        if clean and dist.is_initialized():
+            dist.barrier()  # no rank tears down while another still talks to it
+    except Exception:  # noqa: BLE001 - a peer that died first: say so, fail
+        traceback.print_exc()
+        code = code or 1
+    finally:
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()  # stop gloo's threads before the process ends
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)  # a precaution: skip the interpreter's finalization (lesson 09)
+
+
+def serve(parts: dict, add_args=None, timeout_s: float = GROUP_TIMEOUT_S):
+    """A worker's main: `worker.py PART [--backend gloo|nccl|auto] [extra]`. Joins the group,
+    runs parts[PART](device, **extra), prints any traceback, tears down with its exit code
+    (what the part returned; 1 if it raised)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("part", choices=sorted(parts))
+    parser.add_argument("--backend", choices=["gloo", "nccl", "auto"], default="gloo")
+    if add_args:
+        add_args(parser)
+    args = parser.parse_args()
+    device = setup(args.backend, timeout_s)
+    extra = {k: v for k, v in vars(args).items() if k not in ("part", "backend")}
+    code, clean = 1, False
+    try:
+        code, clean = parts[args.part](device, **extra) or 0, True
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:  # noqa: BLE001 - os._exit below would swallow the error: print it
+        traceback.print_exc()
+    teardown(code, clean)
