@@ -99,7 +99,9 @@ def batch_indices(n: int, batch_size: int, shuffle: bool, drop_last: bool,
     `RandomSampler` with that generator yields: same seed, same order). Cut it into
     consecutive batches of `batch_size`; the last batch may be shorter, and is left out when
     `drop_last` is True. Every index appears at most once; with `drop_last=False`, exactly
-    once. `n == 0` gives `[]`.
+    once. `n == 0` gives `[]`. Leave torch's global random state alone (no
+    `torch.manual_seed`): a training loop calling this every epoch would otherwise have its
+    dropout and initialisation stream reset each time.
 
     >>> batch_indices(5, 2, shuffle=False, drop_last=False)
     [[0, 1], [2, 3], [4]]

@@ -5,8 +5,8 @@
 # buffers. Everything PyTorch does "to the whole model" (`parameters()`, the optimizer,
 # `state_dict()`, `.to()`, `train()`) walks those registries, never your attributes in
 # general. A `DataLoader` is a sampler that picks indices, a `collate_fn` that glues items
-# into a batch, and optionally worker processes that each hold a forked copy of your
-# dataset. This lesson opens both up.
+# into a batch, and optionally worker processes that each hold a copy of your dataset.
+# This lesson opens both up.
 #
 # **What you will learn**
 #
@@ -17,30 +17,35 @@
 #   non-persistent buffers;
 # - the three separate switches: `train()`/`eval()`, `no_grad`, `inference_mode`;
 # - why `total_loss += loss` grows a graph every step, and `loss.item()` does not;
+# - optimizer parameter groups: weight decay on matrices only, and what the optimizer's
+#   `state_dict` keeps;
 # - how a DataLoader orders, batches, pads and masks variable-length token sequences, how its
-#   worker processes are seeded, and how to make two runs give the same batches.
+#   worker processes start (fork, spawn, forkserver) and are seeded, how to make two runs
+#   give the same batches, and how an `IterableDataset` must split itself among workers.
 #
 # **Prerequisites:** lesson 03 (autograd: `grad_fn`, saved tensors, `backward()` freeing
 # them), and basic `nn.Linear` / optimizer use.
 #
 # **How to run:** `python lessons/04_modules_and_data/modules_and_data.py` or
 # `make lesson N=04` from the repository root, or open `modules_and_data.ipynb`. It runs on
-# the CPU in a few seconds, including two DataLoader worker processes. It reads the small
+# the CPU in a few seconds, including DataLoader worker processes. It reads the small
 # corpus `data/tiny_corpus.txt` of the course repository (or a copy of that file placed in
 # this folder). Each printing cell is followed by an *Output* block: what it printed with
 # the pinned PyTorch (2.13.0), checked by `make test`.
 
 # %%
-import itertools
 from collections import Counter
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler, get_worker_info
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+
+# The dataset, collate_fn and worker_init_fn that DataLoader workers run (section 9 says why
+# they live in a module of this folder)
+from text_data import Lines, LineStream, collate, reseed, run_loader, run_stream
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # one thread: reproducible results
@@ -324,10 +329,40 @@ for label, row in rows.items():
 # statistics *and updates its running averages*, even under `no_grad`. That is the trap:
 # evaluating with `no_grad` but without `eval()` changes your model's buffers and gives
 # noisy outputs. The autograd modes decide the last two: `no_grad` and `inference_mode`
-# both stop recording a graph; `inference_mode` also marks its outputs as inference
-# tensors (no version counter, a little cheaper), and autograd refuses to save one for a
-# backward pass later ("Inference tensors cannot be saved for backward"; clone it first).
-# Evaluation wants `model.eval()` *and* one of the two modes.
+# both stop recording a graph; `inference_mode` also marks its outputs as *inference
+# tensors*. Evaluation wants `model.eval()` *and* one of the two modes.
+#
+# **Predict.** What can you not do with an inference tensor once you are out of the mode:
+# read its version counter, write it in place, use it where autograd must save it?
+
+# %%
+with torch.inference_mode():
+    t_inf = net(x4)  # (B, 1), an inference tensor
+w_needs_grad = torch.ones(16, 1, requires_grad=True)
+attempts = {"t._version": lambda: t_inf._version, "t.add_(1)": lambda: t_inf.add_(1),
+            "(t * w).sum().backward()": lambda: (t_inf * w_needs_grad).sum().backward()}
+for what, attempt in attempts.items():
+    try:
+        attempt()
+        print(f"{what}: allowed")
+    except RuntimeError as err:
+        print(f"{what}: {str(err).split('.')[0]}")
+print(f"t.clone() is an inference tensor: {t_inf.clone().is_inference()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# t._version: Inference tensors do not track version counter
+# t.add_(1): Inplace update to inference tensor outside InferenceMode is not allowed
+# (t * w).sum().backward(): Inference tensors cannot be saved for backward
+# t.clone() is an inference tensor: False
+# ```
+#
+# An inference tensor carries no version counter, so autograd could never check that it
+# was not overwritten (lesson 03, section 3): it refuses to save one for backward, and
+# refuses in-place writes to it outside the mode. That bookkeeping skipped is what
+# `inference_mode` buys over `no_grad`. Use it for pure inference; where results may feed
+# training later, use `no_grad` (or clone the result).
 
 # %% [markdown]
 # ## 5. The leak: `total_loss += loss`
@@ -436,13 +471,122 @@ fig = plot_leak(leak)
 fig.savefig(HERE / "loss_leak.png")
 
 # %% [markdown]
-# ## 6. Data: a corpus, a sampler, batches
+# ## 6. Optimizer parameter groups: no weight decay on biases and norms
+#
+# An optimizer receives parameters, not a module, and it can receive them in *groups*,
+# each with its own hyperparameters. The usual use: weight decay (AdamW shrinks every
+# parameter towards 0 by `lr·wd` of its value each step) on the weight matrices only.
+# Pulling a bias, or the gain of a LayerNorm, towards 0 does not make the model simpler;
+# it only fights what those parameters are for. A common rule (nanoGPT's, for one):
+# parameters with 2 or more dimensions decay, 1-D ones do not.
+#
+# **Predict.** For `Linear(8, 16) → LayerNorm(16) → GELU → Linear(16, 4)`, which parameters
+# land in which group? What does the optimizer's `state_dict()` store for them?
+
+
+# %%
+def decay_groups(model, weight_decay):
+    """Two parameter groups: matrices decay; biases and norm weights (1-D) do not."""
+    named = list(model.named_parameters())
+    return [{"params": [p for _, p in named if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for _, p in named if p.ndim < 2], "weight_decay": 0.0}]
+
+
+torch.manual_seed(0)
+mlp = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4))
+LR, WD = 0.01, 0.1
+opt = torch.optim.AdamW(decay_groups(mlp, WD), lr=LR)
+names = {id(p): n for n, p in mlp.named_parameters()}
+for g in opt.param_groups:
+    print(f"weight_decay {g['weight_decay']}: {[names[id(p)] for p in g['params']]}")
+opt_sd = opt.state_dict()
+print(f"state_dict keys {list(opt_sd)}; state {opt_sd['state']}")
+print(f"a group in it: {sorted(opt_sd['param_groups'][0])}")
+for g in opt_sd["param_groups"]:
+    print(f"  lr {g['lr']}, weight_decay {g['weight_decay']}, params {g['params']}")
+
+# %% [markdown]
+# Output:
+# ```text
+# weight_decay 0.1: ['0.weight', '3.weight']
+# weight_decay 0.0: ['0.bias', '1.weight', '1.bias', '3.bias']
+# state_dict keys ['state', 'param_groups']; state {}
+# a group in it: ['amsgrad', 'betas', 'capturable', 'decoupled_weight_decay', 'differentiable', 'eps', 'foreach', 'fused', 'lr', 'maximize', 'params', 'weight_decay']
+#   lr 0.01, weight_decay 0.1, params [0, 1]
+#   lr 0.01, weight_decay 0.0, params [2, 3, 4, 5]
+# ```
+#
+# `1.weight` is the LayerNorm's gain: 1-D, so it joins the biases. Every group carries a
+# full copy of the hyperparameters (what you did not give, here `lr` and the betas, comes
+# from the optimizer's defaults), so a scheduler can change one group's learning rate
+# alone. The `state_dict` names no parameter: `params` holds positions 0, 1, 2, ...
+# counted through the groups in order, and `state` (empty until the first step) is keyed by
+# those positions. It can only be loaded into an optimizer built with the same groups, in
+# the same order.
+#
+# **Predict.** One step with all gradients zero: Adam's own update is then exactly 0, so
+# only the decay acts. What happens to each group? And what does loading this state into
+# an AdamW built from plain `model.parameters()` (one group) say?
+
+# %%
+before = [p.detach().clone() for p in mlp.parameters()]
+for p in mlp.parameters():
+    p.grad = torch.zeros_like(p)
+opt.step()
+was = dict(zip(mlp.parameters(), before))  # parameter -> its value before the step
+shrunk = all(torch.equal(p, was[p] * (1 - LR * WD)) for p in opt.param_groups[0]["params"])
+kept = all(torch.equal(p, was[p]) for p in opt.param_groups[1]["params"])
+print(f"decay group: every value times exactly 1 - lr*wd = {1 - LR * WD:.3f}: {shrunk}")
+print(f"no-decay group unchanged: {kept}")
+print(f"state after the step: {sorted(opt.state_dict()['state'])}, each {list(opt.state_dict()['state'][0])}")
+try:
+    torch.optim.AdamW(mlp.parameters(), lr=LR).load_state_dict(opt.state_dict())
+except ValueError as err:
+    print(f"loading into one group: {err}")
+
+# %% [markdown]
+# Output:
+# ```text
+# decay group: every value times exactly 1 - lr*wd = 0.999: True
+# no-decay group unchanged: True
+# state after the step: [0, 1, 2, 3, 4, 5], each ['step', 'exp_avg', 'exp_avg_sq']
+# loading into one group: loaded state dict has a different number of parameter groups
+# ```
+#
+# AdamW's decay is *decoupled*: `p ← p·(1 - lr·wd)` happens apart from the gradient step,
+# so with zero gradients it is all that moves, and only in the group that asked for it.
+# The step created the state: a step count and Adam's two running averages per parameter,
+# keyed 0 to 5. A checkpoint of the optimizer is only as good as the code that rebuilds the
+# same groups.
+
+# %% [markdown]
+# ## 7. Data: a corpus, a sampler, batches
 #
 # The course ships a small corpus written for it: `data/tiny_corpus.txt`, 32 short
 # sentences, one per line. The lesson looks for it in the repository's `data/` folder, then
 # in the lesson's own folder (in case you copied only this folder: copy the file next to the
 # lesson). If neither exists it stops with a message that says so, rather than quietly
 # using other text: every printed number below depends on that file.
+#
+# The dataset, and the `collate_fn` of the next section, live in `text_data.py` in this
+# folder, for a reason section 9 explains (worker processes must be able to import them).
+# The dataset is the smallest map-style one: a length, and item `i` on request.
+#
+# ```python
+# class Lines(Dataset):
+#     """Item i: {"idx": i, "ids": the word ids of line i (int64, variable length)}."""
+#
+#     def __init__(self, lines, vocab):
+#         self.lines, self.vocab = lines, vocab
+#
+#     def __len__(self):
+#         return len(self.lines)
+#
+#     def __getitem__(self, i):
+#         return {"idx": i, "ids": encode(self.lines[i], self.vocab)}
+# ```
+#
+# `encode(line, vocab)` looks up each word's id: `torch.tensor([vocab[w] for w in line.split()])`.
 
 
 # %%
@@ -456,25 +600,9 @@ def load_lines(name="tiny_corpus.txt"):
                             f"data/{name} from the course repository next to this lesson")
 
 
-PAD = 0  # token id 0 is padding; real words get 1..V
-
-
-class Lines(Dataset):
-    """Item i: {"idx": i, "ids": the word ids of line i (int64, variable length)}."""
-
-    def __init__(self, lines, vocab):
-        self.lines, self.vocab = lines, vocab
-
-    def __len__(self):
-        return len(self.lines)
-
-    def __getitem__(self, i):
-        return {"idx": i, "ids": torch.tensor([self.vocab[w] for w in self.lines[i].split()])}
-
-
 lines = load_lines()
 words = Counter(w for line in lines for w in line.split())
-vocab = {w: k + 1 for k, w in enumerate(sorted(words))}  # sorted: ids do not depend on order
+vocab = {w: k + 1 for k, w in enumerate(sorted(words))}  # sorted: ids do not depend on order; 0 is PAD
 ds = Lines(lines, vocab)
 lengths = [len(ds[i]["ids"]) for i in range(len(ds))]
 print(f"{len(ds)} lines, {sum(lengths)} tokens, vocabulary {len(vocab)} words + pad")
@@ -536,27 +664,27 @@ for drop_last in (False, True):
 # items unchanged, to see the batch sizes.
 
 # %% [markdown]
-# ## 7. Pad and mask: a `collate_fn` for variable-length sequences
+# ## 8. Pad and mask: a `collate_fn` for variable-length sequences
 #
 # The default `collate_fn` stacks tensors, which fails for different lengths. Ours pads each
-# batch to its *own* longest sequence with `PAD`, and returns a boolean mask that is True on
-# real tokens (attention and the loss use it to ignore the padding).
+# batch to its *own* longest sequence with `PAD` (0), and returns a boolean mask that is
+# True on real tokens (attention and the loss use it to ignore the padding):
+#
+# ```python
+# def collate(items):
+#     """items: dicts with "ids" (L_i,) -> tokens (B, L) int64, mask (B, L) bool, + other keys."""
+#     ids = [it["ids"] for it in items]
+#     tokens = nn.utils.rnn.pad_sequence(ids, batch_first=True, padding_value=PAD)  # (B, L)
+#     lens = torch.tensor([len(s) for s in ids])  # (B,)
+#     mask = torch.arange(tokens.shape[1]) < lens[:, None]  # (B, L): True on real tokens
+#     rest = {k: [it[k] for it in items] for k in items[0] if k != "ids"}
+#     return {"tokens": tokens, "mask": mask, **rest}
+# ```
 #
 # **Predict.** For the first batch of 4 lines (lengths 8, 9, 7, 6), what are the shapes of
 # `tokens` and `mask`, and how many values are padding?
 
-
 # %%
-def collate(items):
-    """items: dicts with "ids" (L_i,) -> tokens (B, L) int64, mask (B, L) bool, + other keys."""
-    ids = [it["ids"] for it in items]
-    tokens = nn.utils.rnn.pad_sequence(ids, batch_first=True, padding_value=PAD)  # (B, L)
-    lens = torch.tensor([len(s) for s in ids])  # (B,)
-    mask = torch.arange(tokens.shape[1]) < lens[:, None]  # (B, L): True on real tokens
-    rest = {k: [it[k] for it in items] for k in items[0] if k != "ids"}
-    return {"tokens": tokens, "mask": mask, **rest}
-
-
 batch = next(iter(DataLoader(ds, batch_size=4, collate_fn=collate)))
 tokens, mask = batch["tokens"], batch["mask"]
 print(f"tokens {tuple(tokens.shape)} {tokens.dtype}, mask {tuple(mask.shape)} {mask.dtype}")
@@ -584,71 +712,68 @@ print(f"padded length of each of the {len(widths)} batches: {widths}")
 # `tokens != PAD`, so a real token that happens to have the pad id would still count.
 
 # %% [markdown]
-# ## 8. Worker processes and their random state
+# ## 9. Worker processes and their random state
 #
-# With `num_workers=2` the DataLoader starts two processes each time you iterate it. On
-# Linux they are forked: each gets a copy of the parent's memory, dataset included, at that
-# moment. Worker `w` builds whole batches (batch `k` goes to worker `k % 2`) and sends them
-# back through a queue. Before its first batch, the loader seeds each worker: Python's
-# `random` and torch with `base_seed + w`, NumPy's global RNG with a seed mixed from the
-# same two numbers. `base_seed` is drawn from the loader's `generator` when the iterator is
-# created.
+# With `num_workers=2` the DataLoader starts two processes each time you iterate it. Worker
+# `w` builds whole batches (batch `k` goes to worker `k % 2`) and sends them back through a
+# queue. Before its first batch, the loader seeds each worker: Python's `random` and torch
+# with `base_seed + w`, NumPy's global RNG with a seed mixed from the same two numbers.
+# `base_seed` is drawn from the loader's `generator` when the iterator is created.
 #
-# On macOS and Windows workers are *spawned* instead: a fresh interpreter that receives the
-# dataset, `collate_fn` and `worker_init_fn` by pickling. Functions defined in a notebook or
-# in a script's `__main__` often cannot be pickled that way, so this section is written for
-# Linux; elsewhere, move them to a module you import (the seeding rules stay the same).
+# How a worker process starts is the *start method* of Python's `multiprocessing`:
 #
-# A random generator that the dataset created in `__init__` is another matter: it is
-# copied, state and all, into every worker, and nobody reseeds it.
+# - **fork** (Linux's default up to Python 3.13): a copy of the parent at that moment.
+#   Fast, but only the thread that forked exists in the copy; if another thread held a lock
+#   then, the child may wait for it forever. Python 3.12 warns (`DeprecationWarning: ... use
+#   of fork() may lead to deadlocks`) whenever a process that runs other threads forks, and
+#   such processes are common: a notebook kernel runs several, and so does a process whose
+#   BLAS library started its thread pool.
+# - **spawn** (the default on macOS and Windows): a fresh Python process that imports torch,
+#   then receives the dataset, `collate_fn` and `worker_init_fn` by pickle. Pickle stores a
+#   class or function by module and name, so they must live in an importable module, not in
+#   a notebook cell. And the fresh process first runs the main *script* again (to find what
+#   was defined there): a script that starts workers keeps its work under
+#   `if __name__ == "__main__":`, or every worker would run the whole script, and fail with
+#   "An attempt has been made to start a new process before the current process has
+#   finished its bootstrapping phase".
+# - **forkserver** (Linux's default from Python 3.14): a server process, started once, fresh
+#   like spawn, that forks each worker from itself. The same rules as spawn; but with torch
+#   imported into the server beforehand, the workers need not import it again.
 #
-# **Predict.** `Noisy` draws a random "augmentation" number per item twice: from its own
-# NumPy generator (created once, with seed 0) and from NumPy's global RNG. Which batches
-# will carry the same draws?
+# This lesson's workers run only what `text_data.py` defines, and `text_data.run_loader`
+# starts them with forkserver on Linux and spawn elsewhere: never by forking the lesson's
+# own process. The lesson is a script and a notebook at once, and no guard can span cells;
+# while workers start, `text_data.main_script_hidden()` makes the script look like a
+# notebook (no main file to run again). In your own training script, write the guard.
+#
+# A random generator that the dataset created in `__init__` is copied, state and all, into
+# every worker (by fork, or by pickle), and nobody reseeds it. `Noisy` draws a random
+# "augmentation" number per item twice: from its own NumPy generator, created once with
+# seed 0, and from NumPy's global RNG:
+#
+# ```python
+#     def __getitem__(self, i):
+#         info = get_worker_info()  # None in the main process
+#         item = super().__getitem__(i)
+#         item.update(worker=info.id if info else -1, seed=self.seed,
+#                     own=int(self.rng.integers(100)), glob=int(np.random.randint(100)))
+#         return item
+# ```
+#
+# **Predict.** A shuffled loader over `Noisy`, 2 workers, batches of 3, its generator
+# seeded 0, no `worker_init_fn`. Which batches will carry the same draws?
 
 
 # %%
-class Noisy(Lines):
-    """Lines that also report their worker and two random draws: the dataset's own RNG, NumPy's."""
-
-    def __init__(self, lines, vocab):
-        super().__init__(lines, vocab)
-        self.rng = np.random.default_rng(0)  # created in the parent: forked as is
-        self.seed = None  # set by worker_init_fn, if there is one
-
-    def __getitem__(self, i):
-        info = get_worker_info()  # None in the main process
-        item = super().__getitem__(i)
-        item.update(worker=info.id if info else -1, seed=self.seed,
-                    own=int(self.rng.integers(100)), glob=int(np.random.randint(100)))
-        return item
-
-
-def reseed(worker_id):
-    """worker_init_fn: give the dataset's RNG the worker's own seed (differs per worker)."""
-    info = get_worker_info()  # info.dataset is this worker's copy
-    info.dataset.seed = info.seed  # base_seed + worker_id
-    info.dataset.rng = np.random.default_rng(info.seed)
-
-
-def run_loader(init=None, seed=0, batches=4):
-    """The first batches of a 2-worker shuffled loader, as dicts of plain lists."""
-    loader = DataLoader(Noisy(lines, vocab), batch_size=3, shuffle=True, num_workers=2,
-                        collate_fn=collate, worker_init_fn=init,
-                        generator=torch.Generator().manual_seed(seed))
-    return [{k: b[k] for k in ("worker", "idx", "own", "glob", "seed")}
-            for b in itertools.islice(loader, batches)]
-
-
 def show(batches):
     for b in batches:
         print(f"worker {b['worker'][0]}  indices {str(b['idx']):<13} "
               f"own rng {str(b['own']):<13} np.random {b['glob']}")
 
 
-run_0 = run_loader()  # no worker_init_fn
+run_0 = run_loader(lines, vocab)  # no worker_init_fn
 show(run_0)
-print(f"own rng, first batch, generator seed 1: {run_loader(seed=1, batches=1)[0]['own']}")
+print(f"own rng, first batch, generator seed 1: {run_loader(lines, vocab, seed=1, count=1)[0]['own']}")
 
 # %% [markdown]
 # Output:
@@ -660,29 +785,40 @@ print(f"own rng, first batch, generator seed 1: {run_loader(seed=1, batches=1)[0
 # own rng, first batch, generator seed 1: [85, 63, 51]
 # ```
 #
-# The dataset's own generator gives worker 1 exactly the draws of worker 0: both forked the
-# same generator state, so half of the "random" augmentations are duplicates. It is worse:
-# the workers are forked again from the parent's untouched generator at every `iter(loader)`,
-# so every epoch, and every generator seed, repeats the same draws (last line). NumPy's
-# global RNG, on the other hand, differs per worker: since PyTorch 1.9 the loader seeds it
-# in each worker. Many older texts and posts still say that every worker inherits the same
-# NumPy seed; in 2.13.0 that holds only for generator objects you made yourself, and for
-# libraries the loader does not know about.
+# The dataset's own generator gives worker 1 exactly the draws of worker 0: both received
+# the same generator state, so half of the "random" augmentations are duplicates. It is
+# worse: every new set of workers receives a fresh copy of the parent's untouched
+# generator, so every epoch, and every generator seed, repeats the same draws (last line).
+# NumPy's global RNG, on the other hand, differs per worker: the loader seeds it in each
+# worker (since PyTorch 1.9). Many older texts and posts still say that every worker
+# inherits the same NumPy seed; in 2.13.0 that holds only for generator objects you made
+# yourself, and for libraries the loader does not know about.
 #
 # The order of indices also differs from the bare `RandomSampler` above, with the same seed
 # 0: the loader first draws `base_seed` from the generator, then the sampler draws its
 # permutation from what follows.
 #
-# **Predict.** Now the same loader with `worker_init_fn=reseed`, run twice with the
-# generator seeded 0, and once seeded 1. Do the draws still repeat across workers? Are the
-# two seed-0 runs equal?
+# The fix is a `worker_init_fn`, which the loader calls in each worker before its first
+# item:
+#
+# ```python
+# def reseed(worker_id):
+#     """worker_init_fn: give the dataset's RNG the worker's own seed (differs per worker)."""
+#     info = get_worker_info()  # info.dataset is this worker's copy
+#     info.dataset.seed = info.seed  # base_seed + worker_id
+#     info.dataset.rng = np.random.default_rng(info.seed)
+# ```
+#
+# **Predict.** The same loader with `worker_init_fn=reseed`, run twice with the generator
+# seeded 0, and once seeded 1. Do the draws still repeat across workers? Are the two seed-0
+# runs equal?
 
 # %%
-run_a, run_b = run_loader(init=reseed), run_loader(init=reseed)
+run_a, run_b = run_loader(lines, vocab, init=reseed), run_loader(lines, vocab, init=reseed)
 show(run_a)
 print(f"worker seeds {sorted({(b['worker'][0], b['seed'][0]) for b in run_a})}")
 print(f"two runs, generator seed 0: same batches {run_a == run_b}")
-print(f"generator seed 1: same batches {run_loader(init=reseed, seed=1) == run_a}")
+print(f"generator seed 1: same batches {run_loader(lines, vocab, init=reseed, seed=1) == run_a}")
 
 # %% [markdown]
 # Output:
@@ -696,18 +832,71 @@ print(f"generator seed 1: same batches {run_loader(init=reseed, seed=1) == run_a
 # generator seed 1: same batches False
 # ```
 #
-# `reseed` runs once in each worker, before its first item, and replaces the forked
-# generator with one seeded from `info.seed`, which is `base_seed + worker_id`: the two
-# workers' seeds differ by one, so their draws differ. Because `base_seed` comes from the
-# loader's seeded `generator`, a second run repeats every index and every draw, and
-# another seed changes them. The recipe: give the loader a seeded `torch.Generator`, and
-# seed every other random source in `worker_init_fn` from `get_worker_info().seed` (or from
-# `torch.initial_seed()`, which is the same number inside a worker). With
-# `persistent_workers=True` the workers survive between epochs, so their generators move
-# on instead of restarting.
+# `reseed` replaced the copied generator with one seeded from `info.seed`, which is
+# `base_seed + worker_id`: the two workers' seeds differ by one, so their draws differ.
+# Because `base_seed` comes from the loader's seeded `generator`, a second run repeats every
+# index and every draw, and another seed changes them. The recipe: give the loader a seeded
+# `torch.Generator`, and seed every other random source in `worker_init_fn` from
+# `get_worker_info().seed` (or from `torch.initial_seed()`, which is the same number inside
+# a worker). With `persistent_workers=True` the workers survive between epochs, so their
+# generators move on instead of restarting. None of this depends on the start method: the
+# lesson's tests run this loader, and the sharded stream of the next section, with spawn
+# too, and get the same batches.
 
 # %% [markdown]
-# ## 9. Reproducibility switches
+# ## 10. Iterable datasets: every worker runs the whole stream
+#
+# A map-style dataset answers "item `i`?", and the sampler in the main process decides which
+# `i` goes to which worker. An `IterableDataset` (a stream: lines read from files, records
+# from a network) has only `__iter__`, and each worker runs its own copy of it from the
+# start. Unless the stream splits itself, `num_workers=2` reads everything twice.
+# `get_worker_info()` tells the copy which worker it runs in (`id`) and how many there are
+# (`num_workers`); `LineStream` shards on them when asked:
+#
+# ```python
+#     def __iter__(self):
+#         info = get_worker_info()  # None in the main process
+#         first, step = (info.id, info.num_workers) if self.shard and info else (0, 1)
+#         for i in range(first, len(self.lines), step):
+#             yield {"idx": i, "ids": encode(self.lines[i], self.vocab),
+#                    "worker": info.id if info else -1}
+# ```
+#
+# **Predict.** A 2-worker loader, batches of 4, over the 32 lines, without and with
+# `shard=True`. How many batches and items, and which lines does each batch hold?
+
+# %%
+streams = {}  # shard -> [(worker, indices), ...] for every batch
+for shard in (False, True):
+    streams[shard] = run_stream(lines, vocab, shard=shard)
+    seen = Counter(i for _, idx in streams[shard] for i in idx)
+    print(f"shard={shard}: {len(streams[shard])} batches, {sum(seen.values())} items for "
+          f"{len(lines)} lines; each line seen {sorted(set(seen.values()))} time(s)")
+    print("  " + ", ".join(f"worker {w} {idx}" for w, idx in streams[shard][:3]))
+try:
+    DataLoader(LineStream(lines, vocab, shard=True), batch_size=4, shuffle=True)
+except ValueError as err:
+    print(f"shuffle=True: {err}")
+
+# %% [markdown]
+# Output:
+# ```text
+# shard=False: 16 batches, 64 items for 32 lines; each line seen [2] time(s)
+#   worker 0 [0, 1, 2, 3], worker 1 [0, 1, 2, 3], worker 0 [4, 5, 6, 7]
+# shard=True: 8 batches, 32 items for 32 lines; each line seen [1] time(s)
+#   worker 0 [0, 2, 4, 6], worker 1 [1, 3, 5, 7], worker 0 [8, 10, 12, 14]
+# shuffle=True: DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle=True
+# ```
+#
+# Without sharding, an epoch holds every line twice, and nothing warns you: each duplicate
+# batch is one more step on data the model has just seen. With sharding, worker `w` keeps lines `w, w + 2, w + 4, ...` and the two workers
+# together read each line once. The loader still takes batches from the workers in turn,
+# so the order of an epoch is interleaved, not the file's order. For a stream, batches are
+# built inside each worker and the loader refuses `shuffle` (there is no index to shuffle):
+# any shuffling (a buffer, shuffled shards) is the dataset's own job.
+
+# %% [markdown]
+# ## 11. Reproducibility switches
 #
 # `torch.manual_seed(s)` seeds the default generator of the CPU (and of every GPU):
 # parameter initialisation, dropout masks, `randperm`, and the `base_seed` of loaders that
@@ -771,12 +960,19 @@ print(f"deterministic mode now {torch.are_deterministic_algorithms_enabled()}")
 #   tensors). Evaluation wants `eval()` and one of the two modes.
 # - `total += loss` chains every step's graph to the total (nodes always; saved activations
 #   too when no `backward()` frees them). Sum `loss.item()` or `loss.detach()`.
+# - Parameter groups carry their own hyperparameters: AdamW's decoupled decay on the
+#   matrices, none on biases and norm gains. The optimizer's `state_dict` refers to
+#   parameters by position in the groups, so it loads only into the same grouping.
 # - A DataLoader = sampler (order) → batch sampler (`batch_size`, `drop_last`) →
 #   `collate_fn` (here: pad to the batch's longest sequence, mask True on real tokens).
-#   Workers are forked copies; the loader seeds torch, `random` and NumPy's global RNG per
-#   worker from `base_seed`, which comes from its `generator`. Reseed anything else (a
-#   dataset's own generator) in `worker_init_fn`; a seeded `torch.Generator` then makes
-#   two runs give the same batches.
+#   Workers get a copy of the dataset (forked, or pickled under spawn and forkserver: keep
+#   the dataset, `collate_fn` and `worker_init_fn` in an importable module, and a script's
+#   work under `if __name__ == "__main__":`). The loader seeds torch, `random` and NumPy's
+#   global RNG per worker from `base_seed`, which comes from its `generator`. Reseed
+#   anything else (a dataset's own generator) in `worker_init_fn`; a seeded
+#   `torch.Generator` then makes two runs give the same batches.
+# - Each worker runs an `IterableDataset`'s whole `__iter__`: shard it with
+#   `get_worker_info()`, or every item comes once per worker.
 # - `torch.manual_seed` repeats random numbers; `use_deterministic_algorithms(True)` picks
 #   deterministic kernels or raises (mostly on CUDA) and fills `torch.empty` with NaN.
 #
@@ -790,10 +986,11 @@ print(f"deterministic mode now {torch.are_deterministic_algorithms_enabled()}")
 #    dotted names, `state_dict()` lists every name.
 # 2. `batch_indices(n, batch_size, shuffle, drop_last, seed=0)`: one epoch of batches of
 #    indices, as a `BatchSampler` over a `SequentialSampler`, or over a `RandomSampler`
-#    with `generator=torch.Generator().manual_seed(seed)`, produces them.
+#    with `generator=torch.Generator().manual_seed(seed)`, produces them, without touching
+#    the global random state.
 # 3. `pad_collate(seqs, pad_id=0)`: pad a batch of token sequences to its longest one and
 #    return `(tokens, mask)`, empty sequences included.
 #
 # Check your answers with `make exercises N=04`: the tests compare your registry with
-# `nn.Module` on the same structures, your batches with PyTorch's samplers, and your
-# padding with hand-made batches. `solutions.py` has one way to write them.
+# `nn.Module` on the same structures, your batches with PyTorch's samplers (and check that
+# torch's global RNG is left alone), and your padding with hand-made batches. `solutions.py` has one way to write them.

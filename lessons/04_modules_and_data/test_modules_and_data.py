@@ -2,12 +2,21 @@
 tied weights, the three switches, the leak and its figure, padding, worker seeding), and the
 exercises (a registry against nn.Module, batches against PyTorch's samplers, pad_collate)."""
 
+import importlib
+import inspect
+import os
 import random
+import re
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+from scripts.checker import read_cells
 
 
 def test_script_outputs(lesson):
@@ -69,6 +78,14 @@ def test_three_switches_table(lesson):
         assert row["inference tensor"] == (ctx == "inference_mode"), label
 
 
+def test_inference_tensors(lesson):
+    ns = lesson.ns
+    assert ns["t_inf"].is_inference() and not ns["t_inf"].clone().is_inference()
+    for what, attempt in ns["attempts"].items():
+        with pytest.raises(RuntimeError, match="[Ii]nference tensor"):
+            attempt()
+
+
 def test_leak_counts(lesson):
     leak = lesson.ns["leak"]
     nodes = [n for n, _ in leak["train"]]
@@ -78,6 +95,31 @@ def test_leak_counts(lesson):
     saved = [b for _, b in leak["eval"]]
     per_step = 32 * 64 * 4 + 32 * 1 * 4  # hidden activation + prediction, float32
     assert [b - a for a, b in zip(saved, saved[1:])] == [per_step] * 4
+    # the first step also holds the input (32, 16), the target (32, 1) and the second weight (1, 64)
+    assert saved[0] == per_step + (32 * 16 + 32 + 64) * 4
+
+
+def test_leak_nodes_per_step(lesson):
+    """The seven nodes the prose names, one set per step; the four AccumulateGrad shared."""
+    names, graph_stats = [], lesson.ns["graph_stats"]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+    x, y = torch.randn(32, 16), torch.randn(32, 1)
+    total = 0.0
+    for _ in range(2):
+        total = total + nn.functional.mse_loss(model(x), y)
+    stack, seen = [total.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        stack += [f for f, _ in node.next_functions]
+    per_step = ["AddBackward0", "AddmmBackward0", "AddmmBackward0", "MseLossBackward0",
+                "ReluBackward0", "TBackward0", "TBackward0"]
+    assert sorted(names) == sorted(per_step * 2 + ["AccumulateGrad"] * 4)
+    assert graph_stats(total)[0] == len(names)
     a = torch.ones(2, requires_grad=True)
     stats = lesson.ns["graph_stats"]
     assert stats(a.sum()) == (2, 0)  # SumBackward0 + AccumulateGrad, nothing saved
@@ -99,12 +141,31 @@ def test_leak_figure(lesson):
     assert (ns["HERE"] / "loss_leak.png").is_file()
 
 
+def test_optimizer_groups(lesson):
+    ns = lesson.ns
+    mlp, opt = ns["mlp"], ns["opt"]
+    names = {id(p): n for n, p in mlp.named_parameters()}
+    groups = [[names[id(p)] for p in g["params"]] for g in opt.param_groups]
+    assert groups == [["0.weight", "3.weight"], ["0.bias", "1.weight", "1.bias", "3.bias"]]
+    assert [g["weight_decay"] for g in opt.param_groups] == [ns["WD"], 0.0]
+    assert [g["params"] for g in ns["opt_sd"]["param_groups"]] == [[0, 1], [2, 3, 4, 5]]
+    assert ns["opt_sd"]["state"] == {} and ns["shrunk"] is True and ns["kept"] is True
+    assert sorted(opt.state_dict()["state"]) == list(range(6))
+    # the shrink is AdamW's decoupled decay alone: plain Adam with zero gradients moves nothing
+    p = nn.Parameter(torch.ones(3))
+    adam = torch.optim.Adam([p], lr=0.01)
+    p.grad = torch.zeros(3)
+    adam.step()
+    assert torch.equal(p, torch.ones(3))
+
+
 def test_corpus_and_collate(lesson):
     ns = lesson.ns
     ds, vocab, lines = ns["ds"], ns["vocab"], ns["lines"]
     corpus = ns["HERE"].parent.parent / "data" / "tiny_corpus.txt"
     assert lines == corpus.read_text().splitlines() and len(ds) == len(lines)
-    assert sorted(vocab.values()) == list(range(1, len(vocab) + 1)) and ns["PAD"] == 0
+    assert sorted(vocab.values()) == list(range(1, len(vocab) + 1))
+    assert ns["collate"].__globals__["PAD"] == 0
     items = [ds[i] for i in (3, 0, 1)]
     b = ns["collate"](items)
     L = max(len(it["ids"]) for it in items)
@@ -129,13 +190,107 @@ def test_worker_seeding(lesson):
     run_0, run_a, run_b = ns["run_0"], ns["run_a"], ns["run_b"]
     assert [b["worker"][0] for b in run_a] == [0, 1, 0, 1]  # batch k from worker k % 2
     assert all(len(set(b["worker"])) == 1 for b in run_a)  # a batch comes from one worker
-    assert run_0[0]["own"] == run_0[1]["own"]  # forked generator: same draws in both workers
+    assert run_0[0]["own"] == run_0[1]["own"]  # copied generator: same draws in both workers
     assert run_0[0]["glob"] != run_0[1]["glob"]  # NumPy's global RNG is seeded per worker
     assert run_a[0]["own"] != run_a[1]["own"] and run_a == run_b
     seeds = {b["worker"][0]: b["seed"][0] for b in run_a}
     assert seeds[1] == seeds[0] + 1
     idx = [i for b in run_a for i in b["idx"]]
     assert len(set(idx)) == len(idx)  # no index twice within an epoch
+    # the prose: the loader draws base_seed from the generator first, then the permutation
+    gen = torch.Generator().manual_seed(0)
+    base_seed = torch.empty((), dtype=torch.int64).random_(generator=gen).item()
+    assert seeds[0] == base_seed
+    assert torch.randperm(len(ns["lines"]), generator=gen).tolist()[:12] == idx
+
+
+def test_streams(lesson):
+    streams, n = lesson.ns["streams"], len(lesson.ns["lines"])
+    dup = [i for _, idx in streams[False] for i in idx]
+    assert sorted(dup) == sorted(list(range(n)) * 2)  # every worker read the whole stream
+    once = [i for _, idx in streams[True] for i in idx]
+    assert sorted(once) == list(range(n))
+    for w, idx in streams[True]:
+        assert all(i % 2 == w for i in idx)  # worker w keeps lines w, w + 2, ...
+    assert [w for w, _ in streams[True]] == [0, 1] * 4  # the loader takes batches in turn
+
+
+def test_never_forks_the_lesson_process(lesson, text_data, monkeypatch):
+    """Python 3.12 warns when a multi-threaded process calls os.fork(); the lesson's workers
+    start without it (forkserver on Linux, spawn elsewhere), and give the same batches."""
+    if sys.platform.startswith("linux"):
+        assert text_data.start_method() == "forkserver"
+
+    def no_fork():
+        raise AssertionError("os.fork() called in the lesson's process")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    ns = lesson.ns
+    assert text_data.run_loader(ns["lines"], ns["vocab"], init=text_data.reseed) == ns["run_a"]
+
+
+def test_spawn_gives_the_same_batches(lesson, text_data):
+    """The section under spawn (macOS's and Windows's start method), run here on Linux:
+    everything the workers need is importable, and the batches are the same."""
+    ns = lesson.ns
+    lines, vocab = ns["lines"], ns["vocab"]  # two loaders: each spawned worker imports torch
+    assert text_data.run_loader(lines, vocab, init=text_data.reseed, context="spawn") == ns["run_a"]
+    assert text_data.run_stream(lines, vocab, shard=True, context="spawn") == ns["streams"][True]
+
+
+SPAWNING_SCRIPT = """
+import multiprocessing
+{indent_start}ctx = multiprocessing.get_context("spawn")
+{indent}p = ctx.Process(target=print, args=("child ran",))
+{indent}p.start()
+{indent}p.join()
+{indent}print("exit code", p.exitcode)
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_spawn_runs_the_main_script_again(tmp_path, guarded):
+    """The prose's claim, with plain multiprocessing (no torch: fast): under spawn the child
+    runs the main script again, so an unguarded script fails while bootstrapping."""
+    start = 'if __name__ == "__main__":\n    ' if guarded else ""
+    script = tmp_path / "main.py"
+    script.write_text(SPAWNING_SCRIPT.format(indent_start=start, indent="    " if guarded else ""))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    if guarded:
+        assert proc.stdout.splitlines() == ["child ran", "exit code 0"], proc.stderr
+    else:
+        assert ("An attempt has been made to start a new process before the current process "
+                "has finished its bootstrapping phase") in " ".join(proc.stderr.split())
+        assert "exit code 1" in proc.stdout
+
+
+def test_main_script_hidden_restores_main(text_data):
+    main = sys.modules["__main__"]
+    before = (main.__dict__.get("__file__"), main.__spec__)
+    with text_data.main_script_hidden():
+        assert "__file__" not in main.__dict__ and main.__spec__ is None
+    assert (main.__dict__.get("__file__"), main.__spec__) == before
+
+
+def test_shown_code_is_the_module_code(course_lesson, text_data):
+    """The ```python excerpts in the lesson's prose are verbatim parts of text_data.py."""
+    source = inspect.getsource(text_data)
+    blocks = []
+    for cell in read_cells(course_lesson.script):
+        if cell.kind == "markdown":
+            blocks += re.findall(r"```python\n(.*?)```", cell.source, flags=re.S)
+    assert len(blocks) == 5
+    for block in blocks:
+        assert block in source, block
+
+
+@pytest.fixture
+def text_data(lesson, monkeypatch):
+    """The lesson's text_data module, imported afresh (the lesson run forgets it): workers
+    started by spawn or forkserver import it by name from the lesson folder."""
+    monkeypatch.syspath_prepend(str(lesson.ns["HERE"]))
+    monkeypatch.delitem(sys.modules, "text_data", raising=False)
+    return importlib.import_module("text_data")
 
 
 def test_determinism_switch_restored(lesson):
@@ -274,6 +429,20 @@ def test_batch_indices_match_samplers(exercise_module, shuffle, drop_last):
                 got = exercise_module.batch_indices(n, batch_size, shuffle, drop_last, seed)
                 assert got == torch_batches(n, batch_size, shuffle, drop_last, seed), \
                     (n, batch_size, shuffle, drop_last, seed)
+
+
+@pytest.mark.exercise("batch_indices")
+def test_batch_indices_leaves_the_global_rngs_alone(exercise_module):
+    """Shuffling must draw from a generator of its own: torch.manual_seed(seed) inside
+    batch_indices would reset the training run's random stream (dropout, init) every epoch."""
+    torch.manual_seed(1234)
+    torch.rand(3)  # a state that no seed call reproduces
+    states = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    for shuffle in (False, True):
+        exercise_module.batch_indices(20, 3, shuffle, False, seed=5)
+    assert torch.equal(torch.get_rng_state(), states[0]), \
+        "batch_indices changed torch's global RNG: use torch.Generator().manual_seed(seed)"
+    assert random.getstate() == states[1] and (np.random.get_state()[1] == states[2]).all()
 
 
 @pytest.mark.exercise("batch_indices")
