@@ -1,0 +1,404 @@
+"""Tests of lesson 13: documented outputs; the 4 ranks' values read from the narrative's one
+launch (2 torchrun agents): the 2-D mesh and its shards, HSDP, the bytes per step of six
+strategies against formulas computed here, overlap order, activation checkpointing, meta
+init, clipping, the node mapping; the figures; the graded exercises on 2 ranks against DDP;
+the 2-D step on NCCL with 4 GPUs. (That no rank outlives the lesson is checked by the
+`lesson` fixture.)
+
+Every test here launches ranks or reads the narrative's launch: all are `multirank`."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from scripts.multirank import launch, section
+from scripts.pytest_course import import_file
+
+pytestmark = pytest.mark.multirank
+HERE = Path(__file__).parent
+WORKER = HERE / "worker.py"
+N = 4  # ranks
+P, ROOT, BLOCK = 7520, 1088, 3216  # parameters of the model, of its FSDP root unit, of a block
+H, V, S, BATCH = 16, 32, 8, 8
+E = 4  # bytes per float32 element (section 3)
+
+
+def lines(lesson, name, rank=0):
+    return lesson.ns["section"](lesson.ns["run"], name)[rank]
+
+
+def text(lesson, name, rank=0):
+    """The section's lines without the 'rank N: ' prefix."""
+    return [line.split(": ", 1)[1] for line in lines(lesson, name, rank)]
+
+
+def the(found, start):
+    (line,) = [x for x in found if x.startswith(start)]
+    return line
+
+
+def gaps(found):
+    """Every 'gap X, below B: True' on these lines: (X, B), each checked against its verdict."""
+    out = []
+    for line in found:
+        for value, bound, verdict in re.findall(r"gap (\d\.\de[-+]\d+), below (\de[-+]\d+): (\w+)", line):
+            assert verdict == str(float(value) < float(bound)), line
+            out.append((float(value), float(bound)))
+    return out
+
+
+def test_script_outputs(lesson):
+    lesson.check()
+
+
+def test_notebook_outputs(lesson_notebook):
+    lesson_notebook.check()
+
+
+def test_launch_succeeded(lesson):
+    run = lesson.ns["run"]
+    assert run.ok and sorted(run.out) == [0, 1, 2, 3], run.describe()
+    for rank in range(N):
+        assert "Traceback" not in run.err[rank], run.err[rank]
+        assert not re.search(r"\w+Warning:", run.err[rank]), run.err[rank]  # Python warnings
+
+
+# ---------------------------------------------------------------------------------- 1, 2
+
+
+def test_mesh_groups(lesson):
+    assert text(lesson, "mesh")[:3] == ["mesh [[0, 1], [2, 3]], dims ('dp', 'tp')",
+                                        "dp group [0, 2], tp group [0, 1]", "attention heads per rank 2 of 4"]
+    for rank in range(N):  # a tp group is a row of the grid, a dp group a column
+        row, col = divmod(rank, 2)
+        assert f"dp group {[col, col + 2]}, tp group {[2 * row, 2 * row + 1]}" in text(lesson, "mesh", rank)
+
+
+def test_placements(lesson):
+    got = {line.split()[0]: line for line in text(lesson, "placements")}
+    strided = "(_StridedShard(dim=0, sf=2), Shard(dim=0))"
+    for name in ("embed.weight", "blocks.0.attn.wq.weight", "blocks.0.mlp.up.weight", "blocks.0.mlp.up.bias",
+                 "head.weight", "head.bias"):
+        assert got[name].endswith(strided), got[name]
+    for name in ("blocks.0.attn.wo.weight", "blocks.0.mlp.down.weight"):
+        assert got[name].endswith("(Shard(dim=0), Shard(dim=1))"), got[name]
+    for name in ("blocks.0.norm1.weight", "blocks.0.norm2.bias", "blocks.0.mlp.down.bias", "norm.weight"):
+        assert got[name].endswith("(Shard(dim=0), Replicate())"), got[name]
+    assert "[64, 16]  local [16, 16]" in got["blocks.0.mlp.up.weight"]  # a quarter of the rows
+    assert "[16, 64]  local [8, 32]" in got["blocks.0.mlp.down.weight"]  # half the rows, half the columns
+    assert text(lesson, "placements")[-1] == "blocks.1.*: the same placements as blocks.0.*: True"
+
+
+def rows(first, size):
+    return f"{first}-{first + size - 1}"
+
+
+def test_shards_follow_tp_then_dp(lesson):
+    for rank in range(N):
+        dp, tp = divmod(rank, 2)
+        got = text(lesson, "shards", rank)
+        assert got[0] == f"dp {dp} tp {tp}: blocks.0.mlp.up.weight rows {rows(32 * tp + 16 * dp, 16)}"
+        assert got[1] == (f"dp {dp} tp {tp}: after an all-gather over dp, rows {rows(32 * tp, 32)}; under plain "
+                          f"(Shard(0), Shard(0)) it would hold rows {rows(32 * dp + 16 * tp, 16)}")
+        shard = divmod(rank, 2)[1]
+        assert f"replicate {dp} shard {shard}: blocks.0.mlp.up.weight rows {rows(32 * shard, 32)}" in text(lesson, "hsdp", rank)
+
+
+@pytest.mark.parametrize("name", ["step", "hsdp"])
+def test_step_equals_one_process(lesson, name):
+    got = text(lesson, name)
+    loss = the(got, "loss: ")
+    one, mean = re.fullmatch(r"loss: one process (\S+), mean over ranks (\S+)", loss).groups()
+    assert one == mean, loss
+    (found,) = gaps([the(got, "after one AdamW step")])
+    assert found[0] < 1e-12 == found[1]
+
+
+def test_hsdp_placements(lesson):
+    assert text(lesson, "hsdp")[0] == "placements of every parameter: ['(Replicate(), Shard(dim=0))']"
+
+
+# ---------------------------------------------------------------------------------- 3. bytes
+
+
+def ring(nbytes, n, all_reduce=False):
+    return nbytes * (n - 1) * (2 if all_reduce else 1) // n
+
+
+def comm_rows(lesson):
+    return lesson.ns["comm_rows"](lesson.ns["run"])
+
+
+def payloads(lesson, name):
+    """{payload kind: bytes} of one strategy's 'by payload' line."""
+    line = the(text(lesson, "comms"), f"{name:6s} by payload: ")
+    items = line.split("by payload: ")[1].split(";")[0].split(", ")
+    return {k: int(v) for k, v in (item.rsplit(" ", 1) for item in items)}
+
+
+def test_units(lesson):
+    got = text(lesson, "comms")
+    assert got[0] == f"P = {P} parameters x 4 B = {P * E} B (float32); global batch {BATCH} x {S} tokens, H {H}, V {V}"
+    assert got[1] == f"FSDP units: root (embed, norm, head) {ROOT} elements, each block {BLOCK}"
+    assert ROOT + 2 * BLOCK == P
+
+
+def test_formulas_are_the_textbooks(lesson):
+    psi, a1 = P * E, BATCH * S * H * E  # parameter bytes; one B*S*H activation of the global batch
+    expect = {"DDP": ring(psi, N, True), "FSDP2": 3 * ring(psi, N), "TP": 2 * 4 * ring(a1, N, True),
+              "TP+SP": 2 * 4 * ring(a1, N, True), "2-D": 3 * ring(psi // 2, 2) + 2 * 4 * ring(a1 // 2, 2, True),
+              "HSDP": 3 * ring(psi, 2) + ring(psi // 2, 2, True)}
+    assert {k: v[1] for k, v in comm_rows(lesson).items()} == expect
+
+
+def test_ddp_and_fsdp_bytes(lesson):
+    got, rows = text(lesson, "comms"), comm_rows(lesson)
+    assert "DDP    backward  1 all-reduce" in got
+    assert rows["DDP"] == (ring(P * E, N, True),) * 3  # exact; every byte crosses the nodes
+    assert "FSDP2  forward   3 all-gather" in got and "FSDP2  backward  2 all-gather, 3 reduce-scatter" in got
+    assert rows["FSDP2"][1] - rows["FSDP2"][0] == ring(ROOT * E, N)  # the root is not gathered twice
+
+
+def test_tp_bytes(lesson):
+    got, rows = text(lesson, "comms"), comm_rows(lesson)
+    a, logits = BATCH * S * H * E, BATCH * S * V * E
+    assert "TP     blocks.0  forward 2 all_reduce; backward 2 all_reduce" in got  # the textbook's block
+    assert "TP     embed     forward 1 all_reduce; backward none" in got
+    assert "TP     head      forward 1 all_gather_into_tensor; backward 1 all_reduce" in got
+    measured, formula, _ = rows["TP"]
+    assert measured - formula == 2 * ring(a, N, True) + ring(logits, N)  # embed, head input, logits
+    tp, sp = payloads(lesson, "TP"), payloads(lesson, "TP+SP")
+    assert tp["activations"] == sp["activations"] == 10 * ring(a, N, True)  # the same bytes
+    assert tp["logits"] == sp["logits"] == ring(logits, N)
+    assert sp["small grads"] == 30 * ring(H * E, N, True)
+    assert "TP+SP  blocks.0  forward 2 all_gather_into_tensor, 2 reduce_scatter_tensor; " \
+           "backward 2 all_gather_into_tensor, 2 reduce_scatter_tensor" in got
+    assert "TP+SP  optimizer 30 all-reduce" in got
+
+
+def test_partial_gradients(lesson):
+    got = text(lesson, "comms")
+    assert "Partial gradients, TP+SP and AdamW: 10 after backward; all-reduces in the optimizer step 30" in got
+    assert "Partial gradients, TP+SP and SGD: 10 after backward; all-reduces in the optimizer step 10" in got
+
+
+def test_two_d_and_hsdp_bytes(lesson):
+    got, rows = text(lesson, "comms"), comm_rows(lesson)
+    local, root = 3856, 560  # a tp rank's parameters (P/2 + 96 held whole), its root unit
+    assert f"2-D    a tp rank's parameters {local} elements (P/tp = {P // 2}), root unit {root}" in got
+    two = payloads(lesson, "2-D")
+    a, logits = BATCH // 2 * S * H * E, BATCH // 2 * S * V * E  # a dp group's 4 sequences
+    assert two == {"activations": 20 * ring(a, 2), "logits": ring(logits, 2),
+                   "params": 3 * ring(local * E, 2) - ring(root * E, 2), "small grads": 10 * ring(H * E, 2, True)}
+    measured, _, across = rows["2-D"]
+    assert measured == sum(two.values()) and across == two["params"]  # only dp crosses the nodes
+    measured, formula, across = rows["HSDP"]
+    assert formula - measured == ring(ROOT * E, 2)
+    assert across == ring(P * E // 2, 2, True)  # only the replicate all-reduce crosses
+    for name in ("DDP", "FSDP2", "TP", "TP+SP"):  # one group of all 4 ranks: everything crosses
+        assert rows[name][2] == rows[name][0]
+
+
+# ---------------------------------------------------------------------------------- 4. overlap
+
+
+def test_prefetch_order(lesson):
+    got = text(lesson, "overlap")
+    for prefetch, before in (("False", False), ("True ", True)):
+        assert f"prefetch {prefetch}: all-gathers 5, reduce-scatters 3" in got
+        assert f"prefetch {prefetch}: blocks.1 gathered before blocks.0's forward began: {before}" in got
+        assert f"prefetch {prefetch}: blocks.0 gathered again before blocks.1's backward ended: True" in got
+        assert f"prefetch {prefetch}: blocks.1's reduce-scatter issued before blocks.0's backward began: True" in got
+    ratio = float(the(got, "step time with prefetch / without: ").split(": ")[1])
+    assert ratio > 0  # reported, not judged: 4 ranks on 2 cores have no idle core
+
+
+def test_async_handle(lesson):
+    line, last = text(lesson, "async")
+    began, computed, _, waited = map(float, re.findall(r"(\d+\.\d) ms", line))
+    assert began <= computed <= waited, line  # issued, computed, then waited
+    assert last == "compute began before the collective completed: True; x after wait() 10 (1 + 2 + 3 + 4)"
+
+
+def test_timeline_figure(lesson):
+    ns = lesson.ns
+    found = ns["spans"](ns["run"])
+    fig = ns["plot_timeline"](found)
+    axes = fig.get_axes()
+    assert [ax.get_title() for ax in axes] == ["FSDP2 step, explicit prefetch False", "FSDP2 step, explicit prefetch True"]
+    for ax, prefetch in zip(axes, (False, True)):
+        assert sorted(found[prefetch]) == [0, 1, 2, 3]
+        events = [e for rank in range(N) for e in found[prefetch][rank]]
+        assert sum(e[0] == "compute" for e in events) == 4 * N  # 2 blocks x forward and backward
+        assert sum(e[0] == "comm" for e in events) == 8 * N  # 5 all-gathers, 3 reduce-scatters
+        assert len(ax.collections) == len(events)
+        starts = sorted(c.get_paths()[0].vertices[:, 0].min() for c in ax.collections)
+        assert starts == pytest.approx(sorted(e[2] for e in events))
+    assert (HERE / "timeline.png").is_file()
+
+
+# ---------------------------------------------------------------------------------- 5. memory
+
+
+def test_checkpointing(lesson):
+    got = text(lesson, "checkpointing")
+    assert got[0] == "block computations per step: without AC 2, with AC 4"
+    assert "gradients with AC equal those without, bitwise: True" in got
+    for rank in range(N):
+        line = the(text(lesson, "checkpointing", rank), "peak bytes")
+        off, on = map(int, re.findall(r"AC (\d+)", line))
+        assert on < 0.8 * off and line.endswith("lower with AC: True"), line
+
+
+def test_meta_init(lesson):
+    assert text(lesson, "meta")[0] == "built on meta: every parameter on the meta device: True"
+    assert "parameters equal to one process's init, bitwise: True" in text(lesson, "meta")
+    for rank in range(N):
+        line = the(text(lesson, "meta", rank), "after to_empty")
+        held, full, peak = map(int, re.findall(r"(\d+) B", line))
+        assert full == P * 8 and held == (P // 4 + 48) * 8  # a quarter, plus the pieces tp replicates
+        assert peak < full and line.endswith("below the full model: True"), line
+
+
+def test_clip(lesson):
+    got = text(lesson, "clip")
+    assert "a DTensor (Replicate(), Replicate())" in got[0]
+    found = gaps(got)
+    assert len(found) == 2 and all(g < 1e-12 for g, _ in found)
+
+
+# ---------------------------------------------------------------------------------- 6. nodes
+
+
+def test_two_agents_two_nodes(lesson):
+    for rank in range(N):
+        assert text(lesson, "nodes", rank)[0] == (f"RANK={rank} LOCAL_RANK={rank % 2} GROUP_RANK={rank // 2} "
+                                                  "LOCAL_WORLD_SIZE=2 WORLD_SIZE=4")
+    got = text(lesson, "nodes")
+    assert got[1] == "node = rank // LOCAL_WORLD_SIZE = GROUP_RANK on every rank: True"
+    assert got[2:] == [
+        "dp        groups [[0, 2], [1, 3]]: nodes [[0, 1], [0, 1]], crosses nodes: True",
+        "tp        groups [[0, 1], [2, 3]]: nodes [[0], [1]], crosses nodes: False",
+        "replicate groups [[0, 2], [1, 3]]: nodes [[0, 1], [0, 1]], crosses nodes: True",
+        "shard     groups [[0, 1], [2, 3]]: nodes [[0], [1]], crosses nodes: False",
+    ]
+
+
+# ---------------------------------------------------------------------------------- figures
+
+
+def test_mesh_figure(lesson):
+    ns = lesson.ns
+    fig = ns["plot_mesh"](ns["run"])
+    left, right = fig.get_axes()
+    texts = sorted(t.get_text() for t in left.texts)
+    assert texts == ["rank 0\nrows 0-15", "rank 1\nrows 32-47", "rank 2\nrows 16-31", "rank 3\nrows 48-63"]
+    assert sorted(t.get_text() for t in right.texts) == [
+        "rank 0\nrows 0-31", "rank 1\nrows 32-63", "rank 2\nrows 0-31", "rank 3\nrows 32-63"]
+    for ax in (left, right):  # each rank's cell sits at its mesh coordinates
+        for patch, label in zip(ax.patches, [t.get_text() for t in ax.texts]):
+            row, col = divmod(int(label.split()[1]), 2)
+            assert (patch.get_x(), patch.get_y()) == (col, 1 - row)
+    assert (HERE / "mesh_shards.png").is_file()
+
+
+def test_bytes_figure(lesson):
+    ns = lesson.ns
+    rows = comm_rows(lesson)
+    fig = ns["plot_bytes"](rows)
+    (ax,) = fig.get_axes()
+    bars = {c.get_label(): [p.get_height() for p in c.patches] for c in ax.containers}
+    names = ["DDP", "FSDP2", "TP", "TP+SP", "2-D", "HSDP"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == names
+    for i, label in enumerate(("measured", "formula", "measured, across nodes")):
+        assert bars[label] == pytest.approx([rows[n][i] / 1024 for n in names])
+    assert (HERE / "bytes_per_step.png").is_file()
+
+
+# ---------------------------------------------------------------------------------- GPUs
+
+
+@pytest.mark.multigpu
+def test_two_d_step_on_nccl():
+    """Unverified on hardware: written on a machine without GPUs. Needs 4 CUDA devices."""
+    if torch.cuda.device_count() < 4:
+        pytest.skip(f"needs 4 CUDA devices: torch.cuda.device_count() is {torch.cuda.device_count()}")
+    run = launch(WORKER, ["twod", "--backend", "nccl"], nproc=4, timeout=300)
+    assert run.ok, run.describe()
+    out = run.out[0].splitlines()
+    assert "rank 0: mesh [[0, 1], [2, 3]], dims ('dp', 'tp')" in out
+    assert "rank 0: attention heads per rank 2 of 4" in out
+    (found,) = gaps([the(out, "rank 0: after one AdamW step")])
+    assert found[0] < 1e-12
+
+
+# ---------------------------------------------------------------------------------- exercises
+# On 2 gloo ranks, through the kit: the worker imports the tested file (solutions.py in
+# `make test`, the student's exercises.py in `make exercises N=13`) and trains beside DDP.
+
+SIZES = (2000, 10_000, 1 << 20)  # bucket bytes: many buckets, a few (the last partly full), one
+
+
+@pytest.fixture(scope="module")
+def answers(exercise_module):
+    run = launch(WORKER, ["exercises", "--answers", exercise_module.__file__], nproc=2, timeout=180)
+    assert run.ok, run.describe()
+    return {name: {r: [line.split(": ", 1)[1] for line in got] for r, got in section(run, name).items()}
+            for name in ["naive", *(f"bucketed {s}" for s in SIZES)]}
+
+
+def attempted(found):
+    for got in found.values():
+        if got == ["not attempted: NotImplementedError"]:
+            raise NotImplementedError("the exercise still raises NotImplementedError")
+
+
+def counts(line):
+    return [int(x) for x in re.search(r"per step \[([\d, ]+)\]", line)[1].split(", ")]
+
+
+def matches_ddp(got):
+    (line,) = [x for x in got if "grads of 3 steps vs DDP" in x]
+    found = gaps([line])
+    assert len(found) == 2 and all(g < 1e-12 for g, _ in found), line
+
+
+N_PARAMS = len(list(import_file(WORKER).Model().parameters()))
+
+
+@pytest.mark.exercise("all_reduce_grads")
+def test_naive_equals_ddp(answers):
+    attempted(answers["naive"])
+    for got in answers["naive"].values():
+        matches_ddp(got)
+        assert counts(the(got, "naive: all-reduces per step")) == [N_PARAMS] * 3  # one per gradient
+
+
+@pytest.mark.exercise("Bucketed")
+@pytest.mark.parametrize("size", SIZES)
+def test_bucketed_equals_ddp(answers, size):
+    found = answers[f"bucketed {size}"]
+    attempted(found)
+    for got in found.values():
+        matches_ddp(got)  # also: every bucket flushed, averaged once
+
+
+@pytest.mark.exercise("Bucketed")
+@pytest.mark.parametrize("size", SIZES)
+def test_bucketed_overlaps(answers, size):
+    found = answers[f"bucketed {size}"]
+    attempted(found)
+    for got in found.values():
+        line = the(got, "bucketed: all-reduces per step")
+        per_step = counts(line)
+        if size > P * 8:  # the whole model (float64 gradients) fits in one bucket
+            assert per_step == [1, 1, 1], line
+        else:  # several buckets, fewer than one per gradient
+            assert all(2 <= n < N_PARAMS for n in per_step), line
+        assert line.endswith("blocking 0"), line  # every all-reduce launched with async_op=True
+        timing = the(got, "bucketed: first all-reduce issued")
+        assert "before backward ended [True, True, True]" in timing, timing  # overlapped
+        assert "waits before it ended [0, 0, 0]" in timing, timing  # no wait inside backward
+        assert f"after {per_step}" in timing, timing  # every handle waited, in finish()
