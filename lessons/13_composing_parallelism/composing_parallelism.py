@@ -120,8 +120,11 @@ show(run, "mesh")
 # so `PrepareModuleInput` all-gathers the sequence before them and the rowwise layers
 # reduce-scatter back to it. The attention module reshapes q, k and v into `heads` heads
 # of width 4; a colwise q holds only half the features, so the plan sets each block's
-# `attn.heads = 4 // tp` (printed above). Then `fully_shard` over `mesh["dp"]`, each block
-# first and the root last: torchtitan's order, tensor parallelism first, FSDP second.
+# `attn.heads = 4 // tp` (printed above). No `PrepareModuleOutput` is needed: it is the
+# mirror of `PrepareModuleInput`, for a module whose *output* must change layout, and here the
+# rowwise layers' `output_layouts=Shard(1)` already hand back the sequence shard. Then
+# `fully_shard` over `mesh["dp"]`, each block first and the root last: torchtitan's order,
+# tensor parallelism first, FSDP second.
 #
 # **Predict.** `mlp.up.weight` is [64, 16]. Colwise splits it along dim 0 over tp; FSDP
 # then shards every parameter along dim 0 over dp. What does each rank hold, and what
@@ -244,8 +247,8 @@ show(run, "step")
 # ```
 
 # %% [markdown]
-# Equal, to rounding: each rank's loss is the mean over its dp group's 4 sequences (the two
-# tp ranks get the same value), and the mean over the ranks is the one-process loss. The
+# Equal, to rounding: each rank's loss is the mean over its dp group's 4 sequences, and the
+# mean over the ranks is the one-process loss (to the 6 digits printed). The
 # parameters after the step match the one-process parameters to below 1e-12 (the gap itself
 # is printed, but its last digits depend on the CPU's vector instructions, so only the bound
 # is documented). The worker compares shard by shard: it cuts the one-process tensor with the
@@ -354,6 +357,7 @@ pick(run, "comms", "TP ", "TP+SP ")
 # rank 0: TP     embed     forward 1 all_reduce; backward none
 # rank 0: TP     blocks.0  forward 2 all_reduce; backward 2 all_reduce
 # rank 0: TP     head      forward 1 all_gather_into_tensor; backward 1 all_reduce
+# rank 0: TP     between the blocks each rank holds a Tensor [8, 8, 16]
 # rank 0: TP+SP  forward   6 all-gather, 5 reduce-scatter
 # rank 0: TP+SP  backward  5 all-gather, 5 reduce-scatter
 # rank 0: TP+SP  optimizer 30 all-reduce
@@ -362,6 +366,7 @@ pick(run, "comms", "TP ", "TP+SP ")
 # rank 0: TP+SP  embed     forward 1 reduce_scatter_tensor; backward 1 all_gather_into_tensor
 # rank 0: TP+SP  blocks.0  forward 2 all_gather_into_tensor, 2 reduce_scatter_tensor; backward 2 all_gather_into_tensor, 2 reduce_scatter_tensor
 # rank 0: TP+SP  head      forward 2 all_gather_into_tensor; backward 1 reduce_scatter_tensor
+# rank 0: TP+SP  between the blocks each rank holds a Tensor [8, 2, 16]
 # ```
 
 # %% [markdown]
@@ -371,14 +376,14 @@ pick(run, "comms", "TP ", "TP+SP ")
 # rowwise embedding's forward all-reduce, the colwise head's backward all-reduce (the
 # gradient of its replicated input), and the head's all-gather of the logits, which are
 # `V` = 32 wide (8 × 8 × 32 × 4 × 3/4 = 6,144 B): 67,584 − 49,152 = 18,432 B = 3 × 6,144.
-# The logits' share grows with the vocabulary: at V = 128k and H = 4k it would be 32 times
-# a block's activations.
+# The logits are V/H times the size of one `B·S·H` activation: 2 here, 32 for a vocabulary
+# of 128k and a width of 4k.
 #
 # With sequence parallelism every all-reduce inside the blocks became an all-gather and a
 # reduce-scatter: the activations line is 61,440 B both ways. The same bytes, different
-# peaks: between the blocks each rank now holds `[8, 2, 16]`, a quarter of the sequence, and
-# the norms compute on that quarter; only inside attention and the MLP is the whole sequence
-# gathered. Two things were added: the embedding's backward now all-gathers (its rowwise
+# peaks: between the blocks each rank now holds `[8, 2, 16]` instead of `[8, 8, 16]`, a
+# quarter of the sequence, and the norms compute on that quarter; only inside attention and
+# the MLP is the whole sequence gathered. Two things were added: the embedding's backward now all-gathers (its rowwise
 # weight gradient needs every token's gradient), and the optimizer issues 30 small
 # all-reduces. The next cell explains them.
 
@@ -476,16 +481,18 @@ fig.savefig(HERE / "bytes_per_step.png")
 
 # %% [markdown]
 # The bars repeat the table: measured (blue) beside formula (orange), and in red the part
-# sent in groups that span both nodes. At this toy size the activation traffic of TP is
-# comparable to the parameter traffic of DDP; with a real model's `B·S·H` per block and
-# billions of parameters the balance moves, which is why TP stays inside a node (section 6).
+# sent in groups that span both nodes. At this toy size TP's activation traffic (61,440 B)
+# is of the order of DDP's parameter traffic (45,120 B); which one dominates in a real model
+# depends on `B·S·H` against `P`. The difference in kind stays: TP's collectives sit in every
+# block, forward and backward, between one matmul and the next, while data parallelism's
+# reduce once per step. Section 6 puts each where it belongs.
 
 # %% [markdown]
 # ## 4. Overlap: prefetching and asynchronous collectives
 #
 # Communication can hide behind computation only if it is *issued* before the computation
-# that could hide it. FSDP2 issues each unit's all-gather in the unit's
-# pre-forward hook, so block 1's parameters are only requested when block 1 starts.
+# that could hide it. FSDP2 issues each unit's all-gather in the unit's pre-forward hook, so
+# by default block 1's parameters are requested when block 1 starts.
 # `blocks[0].set_modules_to_forward_prefetch([blocks[1]])` asks block 0 to issue block 1's
 # all-gather as well when it starts; `set_modules_to_backward_prefetch` is the same for
 # backward. The worker runs FSDP2 over the 4 ranks (float32, 32 sequences per rank) with and
@@ -503,24 +510,23 @@ show(run, "overlap")
 # Output:
 # ```text
 # rank 0: prefetch False: all-gathers 5, reduce-scatters 3
-# rank 0: prefetch False: blocks.1 gathered before blocks.0's forward began: False
+# rank 0: prefetch False: blocks.1's all-gather issued before blocks.0's forward began: False, after it ended: True
 # rank 0: prefetch False: blocks.0 gathered again before blocks.1's backward ended: True
 # rank 0: prefetch False: blocks.1's reduce-scatter issued before blocks.0's backward began: True
 # rank 0: prefetch True : all-gathers 5, reduce-scatters 3
-# rank 0: prefetch True : blocks.1 gathered before blocks.0's forward began: True
+# rank 0: prefetch True : blocks.1's all-gather issued before blocks.0's forward began: True, after it ended: False
 # rank 0: prefetch True : blocks.0 gathered again before blocks.1's backward ended: True
 # rank 0: prefetch True : blocks.1's reduce-scatter issued before blocks.0's backward began: True
 # rank 0: step time with prefetch / without: «ratio»
 # ```
 
 # %% [markdown]
-# Forward prefetching moves block 1's all-gather ahead of block 0's computation: issued
-# before block 0 starts, it can travel while block 0 computes. In backward the two settings
-# read the same: FSDP2 already issues block 0's all-gather before block 1's backward is over,
-# without being told, and each block's
-# reduce-scatter is issued as soon as the block's gradients exist, while the blocks below
-# still have backward to do. That is where data-parallel communication hides: behind the
-# rest of backward.
+# Without prefetching, block 1's all-gather is issued after block 0's forward ended; with it,
+# before block 0's forward began, so it can travel while block 0 computes. In backward the
+# two settings read the same: FSDP2 already issues block 0's all-gather before block 1's
+# backward is over, without being told, and block 1's reduce-scatter is issued before block
+# 0's backward begins: the blocks below still have backward to do while it travels. That is
+# where data-parallel communication hides: behind the rest of backward.
 #
 # The step-time ratio is printed, not promised: 4 ranks on 2 cores have no idle core, the
 # collectives here are gloo's threads competing with compute for the same two cores, and the
@@ -545,9 +551,9 @@ show(run, "async")
 
 # %% [markdown]
 # The call returned at once and rank 0 computed while the all-reduce waited for the late
-# rank (its completion, noted by a callback on the handle's future, comes ~200 ms later);
-# `wait()` returned just after. Only then is `x` the sum (10 = 1 + 2 + 3 + 4). Reading `x`
-# before `wait()` is a race, not an error: nothing stops you.
+# rank: its completion, noted by a callback on the handle's future, came after the compute
+# began (the times are this run's; the order is what the test checks). After `wait()`, `x`
+# holds the sum, 10 = 1 + 2 + 3 + 4.
 
 
 # %%
@@ -600,7 +606,7 @@ fig.savefig(HERE / "timeline.png")
 # forward again during backward to rebuild what the gradient needs. Under FSDP2 it wraps
 # what the block computes (the worker's `Block.forward` calls `torch.utils.checkpoint.
 # checkpoint(self.inner, x, use_reentrant=False)`), and FSDP2's hooks stay on the block, so
-# the recomputation runs while the block is gathered for backward anyway. The worker
+# the recomputation finds the block's parameters gathered for its backward. The worker
 # measures, on each rank, the peak of the bytes allocated during one forward + backward
 # (`torch.profiler` with `profile_memory=True`: the running sum of its allocation events) and
 # counts the blocks' forward computations.
@@ -626,8 +632,9 @@ show(run, "checkpointing")
 # %% [markdown]
 # Each block computes twice (4 instead of 2): once in forward, once again in backward. The
 # gradients are bitwise the same, since the same operations run on the same inputs. The peak
-# drops on every rank (to about 60 % where we ran it; the test checks below 80 %): the activations of a block (attention's q, k, v and
-# probabilities, the MLP's 64-wide hidden layer) are no longer held from forward to backward.
+# drops on every rank (to about 60 % where we ran it; the test checks below 80 %): the
+# activations inside a block (attention's q, k, v and probabilities, the MLP's 64-wide
+# hidden layer) are no longer held from forward to backward.
 # The price is one more forward per block; on these loaded cores the time ratio is too noisy
 # to read (it is printed, not checked).
 #
@@ -664,8 +671,9 @@ show(run, "meta")
 # not on how it is sharded.
 #
 # **Gradient clipping over DTensors.** `torch.nn.utils.clip_grad_norm_` needs the norm of all
-# gradients together. Over DTensor gradients it computes each shard's part and reduces across
-# the mesh, so the result is the global norm.
+# gradients together, and each rank holds only pieces of them. Over DTensor gradients the
+# norm is a DTensor computation like any other: partial norms on each rank, reduced over the
+# mesh.
 #
 # **Predict.** Is the 2-D model's total norm the one-process norm, and are the clipped
 # gradients equal?

@@ -102,8 +102,8 @@ def test_shards_follow_tp_then_dp(lesson):
         assert got[0] == f"dp {dp} tp {tp}: blocks.0.mlp.up.weight rows {rows(32 * tp + 16 * dp, 16)}"
         assert got[1] == (f"dp {dp} tp {tp}: after an all-gather over dp, rows {rows(32 * tp, 32)}; under plain "
                           f"(Shard(0), Shard(0)) it would hold rows {rows(32 * dp + 16 * tp, 16)}")
-        shard = divmod(rank, 2)[1]
-        assert f"replicate {dp} shard {shard}: blocks.0.mlp.up.weight rows {rows(32 * shard, 32)}" in text(lesson, "hsdp", rank)
+        hsdp = f"replicate {dp} shard {tp}: blocks.0.mlp.up.weight rows {rows(32 * tp, 32)}"
+        assert hsdp in text(lesson, "hsdp", rank)
 
 
 @pytest.mark.parametrize("name", ["step", "hsdp"])
@@ -140,7 +140,8 @@ def payloads(lesson, name):
 
 def test_units(lesson):
     got = text(lesson, "comms")
-    assert got[0] == f"P = {P} parameters x 4 B = {P * E} B (float32); global batch {BATCH} x {S} tokens, H {H}, V {V}"
+    assert got[0] == (f"P = {P} parameters x 4 B = {P * E} B (float32); "
+                      f"global batch {BATCH} x {S} tokens, H {H}, V {V}")
     assert got[1] == f"FSDP units: root (embed, norm, head) {ROOT} elements, each block {BLOCK}"
     assert ROOT + 2 * BLOCK == P
 
@@ -176,6 +177,8 @@ def test_tp_bytes(lesson):
     assert "TP+SP  blocks.0  forward 2 all_gather_into_tensor, 2 reduce_scatter_tensor; " \
            "backward 2 all_gather_into_tensor, 2 reduce_scatter_tensor" in got
     assert "TP+SP  optimizer 30 all-reduce" in got
+    assert "TP     between the blocks each rank holds a Tensor [8, 8, 16]" in got
+    assert "TP+SP  between the blocks each rank holds a Tensor [8, 2, 16]" in got  # a quarter: SP
 
 
 def test_partial_gradients(lesson):
@@ -208,7 +211,8 @@ def test_prefetch_order(lesson):
     got = text(lesson, "overlap")
     for prefetch, before in (("False", False), ("True ", True)):
         assert f"prefetch {prefetch}: all-gathers 5, reduce-scatters 3" in got
-        assert f"prefetch {prefetch}: blocks.1 gathered before blocks.0's forward began: {before}" in got
+        assert (f"prefetch {prefetch}: blocks.1's all-gather issued before blocks.0's forward began: {before}, "
+                f"after it ended: {not before}") in got
         assert f"prefetch {prefetch}: blocks.0 gathered again before blocks.1's backward ended: True" in got
         assert f"prefetch {prefetch}: blocks.1's reduce-scatter issued before blocks.0's backward began: True" in got
     ratio = float(the(got, "step time with prefetch / without: ").split(": ")[1])
@@ -227,7 +231,7 @@ def test_timeline_figure(lesson):
     found = ns["spans"](ns["run"])
     fig = ns["plot_timeline"](found)
     axes = fig.get_axes()
-    assert [ax.get_title() for ax in axes] == ["FSDP2 step, explicit prefetch False", "FSDP2 step, explicit prefetch True"]
+    assert [ax.get_title() for ax in axes] == [f"FSDP2 step, explicit prefetch {p}" for p in (False, True)]
     for ax, prefetch in zip(axes, (False, True)):
         assert sorted(found[prefetch]) == [0, 1, 2, 3]
         events = [e for rank in range(N) for e in found[prefetch][rank]]

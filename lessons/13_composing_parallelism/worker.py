@@ -428,16 +428,37 @@ def show_comms(device):
     shared(f"FSDP units: root (embed, norm, head) {root} elements, each block {(psi // 4 - root) // 2}")
     rows = {}
     for name, (model, mine) in strategies(device).items():
+        seen = []  # what block 1 receives: what one rank holds between the blocks
+        hook = model.blocks[1].register_forward_pre_hook(lambda mod, args: seen.append(args[0])) \
+            if name.startswith("TP") else None
         wire, counts = one_step(model, mine)
         rows[name] = summarise(name, wire, mine.shape[0] * S, psi)
-        if name in ("TP", "TP+SP"):
-            show_modules(name, counts)
-        if name == "2-D":  # what FSDP shards over dp: each tp rank's part of the model
-            local = {n: p.numel() // (2 if p.placements[1].is_shard() else 1) for n, p in model.named_parameters()}
-            root = sum(v for n, v in local.items() if not n.startswith("blocks."))
-            shared(f"2-D    a tp rank's parameters {sum(local.values())} elements (P/tp = {psi // 8}), root unit {root}")
+        if hook:
+            hook.remove()
+            show_tp(name, counts, seen[-1])
+        if name == "2-D":
+            show_local(model, psi)
     show_partial(device)
     return rows
+
+
+def show_tp(name, counts, x):
+    """CommDebugMode's counts per module (where forward and backward issued collectives), and
+    the residual stream one rank holds between the blocks."""
+    for fqn in ("Model.embed", "Model.blocks.0", "Model.head"):
+        got = counts.comm_module_counts.get(fqn, {"forward": {}, "backward": {}})
+        text = "; ".join(f"{phase} " + (", ".join(f"{n} {op.__name__}" for op, n in sorted(
+            got[phase].items(), key=lambda kv: kv[0].__name__)) or "none") for phase in ("forward", "backward"))
+        shared(f"{name:6s} {fqn[6:]:9s} {text}")
+    local = x.to_local() if isinstance(x, DTensor) else x
+    shared(f"{name:6s} between the blocks each rank holds a {type(x).__name__} {list(local.shape)}")
+
+
+def show_local(model, psi):
+    """What FSDP shards over dp in the 2-D model: each tp rank's part of the parameters."""
+    local = {n: p.numel() // (2 if p.placements[1].is_shard() else 1) for n, p in model.named_parameters()}
+    root = sum(v for n, v in local.items() if not n.startswith("blocks."))
+    shared(f"2-D    a tp rank's parameters {sum(local.values())} elements (P/tp = {psi // 8}), root unit {root}")
 
 
 def summarise(name, wire, tokens, psi):
@@ -457,15 +478,6 @@ def summarise(name, wire, tokens, psi):
     shared(f"{name:6s} by payload: " + ", ".join(f"{k} {v}" for k, v in sorted(by.items()))
            + f"; in groups spanning both nodes {across}")
     return total, f, by, across
-
-
-def show_modules(name, counts):
-    """CommDebugMode's counts per module: where forward and backward issued collectives."""
-    for fqn in ("Model.embed", "Model.blocks.0", "Model.head"):
-        got = counts.comm_module_counts.get(fqn, {"forward": {}, "backward": {}})
-        text = "; ".join(f"{phase} " + (", ".join(f"{n} {op.__name__}" for op, n in sorted(
-            got[phase].items(), key=lambda kv: kv[0].__name__)) or "none") for phase in ("forward", "backward"))
-        shared(f"{name:6s} {fqn[6:]:9s} {text}")
 
 
 def show_partial(device):
@@ -536,8 +548,10 @@ def show_overlap(device):
         gathers = [c["issued"] for c in wire.calls if c["kind"] == "all-gather"]  # root, 0, 1, then backward
         scatters = [c["issued"] for c in wire.calls if c["kind"] == "reduce-scatter"]  # 1, 0, root
         shared(f"prefetch {prefetch!s:5s}: all-gathers {len(gathers)}, reduce-scatters {len(scatters)}")
-        shared(f"prefetch {prefetch!s:5s}: blocks.1 gathered before blocks.0's forward began: {gathers[2] < at['fwd 0'][0]}")
-        shared(f"prefetch {prefetch!s:5s}: blocks.0 gathered again before blocks.1's backward ended: {gathers[4] < at['bwd 1'][1]}")
+        shared(f"prefetch {prefetch!s:5s}: blocks.1's all-gather issued before blocks.0's forward began: "
+               f"{gathers[2] < at['fwd 0'][0]}, after it ended: {gathers[2] > at['fwd 0'][1]}")
+        shared(f"prefetch {prefetch!s:5s}: blocks.0 gathered again before blocks.1's backward ended: "
+               f"{gathers[4] < at['bwd 1'][1]}")
         shared(f"prefetch {prefetch!s:5s}: blocks.1's reduce-scatter issued before blocks.0's backward began: "
                f"{scatters[0] < at['bwd 0'][0]}")
         traces[prefetch] = (spans, wire)
@@ -809,7 +823,8 @@ def bucketed(device, module, size):
     first = [log.index("issue") < log.index("backward ended") if "issue" in log else False for log in logs]
     early = [log[:log.index("backward ended")].count("wait") for log in logs]
     late = [log[log.index("backward ended"):].count("wait") for log in logs]
-    say(f"bucketed: first all-reduce issued before backward ended {first}; waits before it ended {early}, after {late}")
+    say(f"bucketed: first all-reduce issued before backward ended {first}; "
+        f"waits before it ended {early}, after {late}")
 
 
 # ----------------------------------------------------------------------------- parts
@@ -826,8 +841,12 @@ def main_part(device):
 
 
 def part(show):
-    """A part of the worker: `show(device)`; the exercises' --answers is not its business."""
-    return lambda device, answers: show(device)
+    """A part of the worker: `show(device)`, exit code 0 (what show returns is for main_part);
+    the exercises' --answers is not its business."""
+    def run(device, answers):
+        show(device)
+        return 0
+    return run
 
 
 PARTS = {"main": part(main_part), "twod": part(show_twod), "hsdp": part(show_hsdp), "comms": part(show_comms),
@@ -835,4 +854,5 @@ PARTS = {"main": part(main_part), "twod": part(show_twod), "hsdp": part(show_hsd
          "exercises": show_exercises}
 
 if __name__ == "__main__":
-    serve(PARTS, lambda parser: parser.add_argument("--answers", default=str(Path(__file__).with_name("solutions.py"))))
+    solutions = str(Path(__file__).with_name("solutions.py"))
+    serve(PARTS, lambda parser: parser.add_argument("--answers", default=solutions))
