@@ -1,9 +1,19 @@
-"""Tests of lesson 08: documented outputs, the lesson's key values (read from its single run:
-Inductor is never invoked again here), its figure, the exercises (with a counting backend),
-and, on CUDA, compiled vs eager and mode="reduce-overhead"."""
+"""Tests of lesson 08: documented outputs, the lesson's key values (read from its run; the
+timing test may call the compiled chain again, from the warm disk cache), its figure, the
+exercises (with a counting backend); slow tests for what needs fresh processes (the lesson
+under TORCH_LOGS=output_code, Inductor's vector width and cache under simulated CPUs); and,
+on CUDA, compiled vs eager, the caching allocator against the clone floor, and
+mode="reduce-overhead" recording and replaying a CUDA graph."""
 
+import os
+import platform
 import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,8 +49,7 @@ def test_scalar_capture_and_guard(lesson):
     assert len(graphs) == 2  # 3 calls
     assert ops(graphs[0]) == ["square", "mul"] and inputs(graphs[0]) == ["l_x_"]  # 2.0 baked in
     assert ops(graphs[1]) == ["square", "item", "mul"] and len(inputs(graphs[1])) == 2
-    assert len(ns["reasons"]) == 1
-    assert ns["failed_guards"](ns["reasons"][0]) == ["scale == 2.0"]
+    assert ns["reasons"] == ["scale == 2.0"]  # read from Dynamo's record, not from a log
 
 
 def test_new_scalar_value_makes_scale_an_input(lesson):
@@ -110,43 +119,239 @@ def test_backward_pass_autocast_gap(lesson):
     assert ns["eager_grads"][0].dtype == torch.float32
 
 
-def test_generated_code_is_one_kernel_per_chain(lesson):
+def autocast_gaps(ns, forward, backward_inside):
+    """Max |compiled - eager| of both gradients, per backward_pass_autocast setting, for a
+    forward run under bf16 autocast and a backward run inside or outside that region."""
+    xb, w1, w2 = ns["xb"], ns["w1"], ns["w2"]
+
+    def grads(fn):
+        w1.grad = w2.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = fn(xb, w1, w2)
+            if backward_inside:
+                loss.backward()
+        if not backward_inside:
+            loss.backward()
+        return w1.grad.clone(), w2.grad.clone()
+
+    eager, gaps = grads(forward), {}
+    for mode in ["same_as_forward", "off"]:
+        dynamo.reset()
+        with torch._functorch.config.patch(backward_pass_autocast=mode):
+            got = grads(torch.compile(forward, backend="aot_eager"))
+        gaps[mode] = [(a - b).abs().max().item() for a, b in zip(got, eager)]
+    return gaps
+
+
+def test_backward_pass_autocast_the_other_cases(lesson):
+    """The lesson's parenthesis: backward inside autocast reverses the roles of the two
+    settings, and a forward that is bf16 throughout shows no gap with either."""
+    ns = lesson.ns
+    inside = autocast_gaps(ns, ns["mixed_loss"], backward_inside=True)
+    assert inside["same_as_forward"] == [0.0, 0.0] and all(g > 0 for g in inside["off"])
+    plain = autocast_gaps(ns, ns["mlp_loss"], backward_inside=False)
+    assert plain == {"same_as_forward": [0.0, 0.0], "off": [0.0, 0.0]}
+
+
+def test_first_calls(lesson):
+    ns = lesson.ns
+    # the first compile in the process costs most; the same graph again is a fraction of it
+    assert ns["t_first"] > 2 * ns["t_again"] and ns["t_gelu"] < ns["t_first"]
+
+
+X86_LANES = {"AVX512": 16, "AVX2": 8, "DEFAULT": 1}  # fp32 floats per step, by ATen's level
+
+
+def test_generated_code(lesson):
     ns = lesson.ns
     find = ns["kernels_and_buffers"]
-    assert find(ns["chain_files"]) == (["cpp_fused_add_mul_relu_sub_0"], 1, 1)
-    assert find(ns["gelu_files"]) == (["cpp_fused_add_gelu_mul_sub_0"], 1, 1)
-    assert ns["PyCodeCache"].load_by_key_path.__name__ == "load_by_key_path"  # spy removed
+    assert len(ns["chain_code"]) == len(ns["gelu_code"]) == 1  # one wrapper file per graph
+    assert find(ns["chain_code"]) == (["cpp_fused_add_mul_relu_sub_0"], 1)
+    assert find(ns["gelu_code"]) == (["cpp_fused_add_gelu_mul_sub_0"], 1)
+    src, step = ns["chain_code"][0], ns["step"]
+    assert step == ns["lanes"] and ns["bits"] == 32 * step
+    assert ("at::vec::Vectorized<float>" in src) == (step > 1)
+    assert "2097152L" in ns["loop"] and ns["loop"].endswith(f"({step}L))")
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert step == X86_LANES[torch.backends.cpu.get_cpu_capability()]
+
+
+def test_cache_key(lesson):
+    ns = lesson.ns
+    entries, fields = ns["entries"], ns["fields"]
+    assert set(ns["KEY_FIELDS"]) <= fields  # every field the lesson describes is in the key
+    assert ns["settings"]["cpp.simdlen"] == "None" and len(ns["settings"]) > 100
+    assert ns["threads"] == "1"
+    text = "\n".join(v for *_, v in entries).lower()
+    assert not ns["ISA_NAMES"].search(text)
+    isa = ns["isa"]
+    if isa:  # e.g. "avx512": the ISA Inductor compiled for is nowhere in the key
+        assert str(isa).lower() not in text
+    assert ns["ISA_NAMES"].search("avx512_vnni avx2 neon sve256")  # the pattern does match ISAs
+
+
+def remeasured(ns, x, t, ways, burst, rounds=3):
+    """t's fastest times, lowered by up to `rounds` more measurements of `ways` while the
+    ratio compiled / clone is above 1.5: load only adds time, so the minimum stands."""
+    t = dict(t)
+    for _ in range(rounds):
+        if t["compiled"] <= 1.5 * t["clone"]:
+            break
+        again = ns["fastest_ms"](ways, burst=burst, repeats=30, budget_s=2.0)
+        t = {k: min(t[k], again.get(k, t[k])) for k in t}
+    return t
+
+
+def test_compiled_within_1_5_of_the_clone_floor(lesson):
+    """The compiled chain allocates its result as clone does, and makes one pass as clone
+    does: within 1.5 times clone's time at both sizes, measured again if the machine was busy."""
+    ns = lesson.ns
+    if not ns["isa"]:
+        pytest.skip("no vector ISA: Inductor's scalar loop is slower than eager here (see the slow tests)")
+    cchain = ns["cchain"]
+    for label, x in ns["sizes"].items():
+        ways = {"clone": lambda: x.clone(), "compiled": lambda: cchain(x)}
+        burst = 3 if x.nbytes <= 16 * 2**20 else 1
+        t = remeasured(ns, x, ns["timings"][label], ways, burst)
+        assert t["compiled"] <= 1.5 * t["clone"], (label, t)
 
 
 def test_fusion_timings(lesson):
     ns = lesson.ns
-    timings, floor = ns["timings"], ns["floor"]
-    assert list(timings) == ["chain", "gelu chain"]
-    assert all(row["floor"] == floor > 0 for row in timings.values())
-    assert ns["same"] == {"chain": True, "gelu chain": True}
-    # ratios that hold however noisy the machine: fusing five passes into one beats eager
-    chain, gelu = timings["chain"], timings["gelu chain"]
-    assert chain["eager"] > 1.5 * chain["compiled"]
-    assert gelu["eager"] > gelu["compiled"]
-    assert ns["t_first"] > ns["t_again"]  # the first compile in the process costs most
+    timings, sizes = ns["timings"], ns["sizes"]
+    assert list(timings) == ["small", "large"] and ns["same"] == {"small": True, "large": True, "gelu": True}
+    assert sizes["small"].nbytes == 8 * 2**20 and sizes["large"].nbytes == 64 * 2**20
+    assert "gelu compiled" in timings["small"] and "gelu compiled" not in timings["large"]
+    for t in timings.values():
+        assert set(t) >= {"copy_", "clone", "eager", "eager out=", "compiled"}
+        assert t["eager out="] > 1.5 * t["copy_"]  # five passes against one
+    if not ns["isa"]:
+        pytest.skip("no vector ISA: Inductor's scalar loop is slower than eager here (see the slow tests)")
+    for t in timings.values():
+        assert t["eager"] > 1.5 * t["compiled"]  # five passes and five results against one
+    small = timings["small"]
+    assert small["gelu compiled"] > 1.5 * small["compiled"]  # erf: compute, not memory
 
 
-def test_figure_shows_the_timings(lesson):
+def test_past_the_cache(lesson):
+    """The prose on the 64 MiB case: copy_ slows down past the last-level cache, and clone
+    (a fresh mapping, every page faulted) slows down much more."""
     ns = lesson.ns
-    timings = ns["timings"]
-    fig = ns["plot_fusion"](timings)
+    small, large, faults = ns["timings"]["small"], ns["timings"]["large"], ns["faults"]
+    per_byte = {k: large[k] / small[k] / 8 for k in ("copy_", "clone")}  # 8x the bytes
+    llc = ns["llc_mib"]()
+    if 16 < llc < 128:  # 16 MiB in the cache, 128 MiB past it
+        assert per_byte["copy_"] > 1.5, per_byte
+    if sys.platform == "linux":  # glibc: a 64 MiB block is mapped afresh on every call
+        assert faults["large"] >= 10 and faults["large"] > faults["small"]
+        assert large["clone"] > 2 * large["copy_"], large
+        assert large["compiled"] > 2 * large["copy_"], large
+
+
+def test_figure_shows_the_bandwidths(lesson):
+    ns = lesson.ns
+    timings, sizes = ns["timings"], ns["sizes"]
+    fig = ns["plot_fusion"](timings, sizes)
     (ax,) = fig.get_axes()
-    kinds = ["eager", "compiled", "floor"]
+    kinds = ns["KINDS"]
+    assert kinds == ["copy_", "clone", "compiled", "eager out=", "eager"]
     assert [c.get_label() for c in ax.containers] == kinds
     for kind, bars in zip(kinds, ax.containers):
         heights = [r.get_height() for r in bars.patches]
-        assert heights == pytest.approx([row[kind] for row in timings.values()])
-    labels = [t.get_text() for t in ax.texts]
-    expected = [f"{row[k] / row['floor']:.1f}x" for k in kinds for row in timings.values()]
-    assert labels == expected
-    assert [t.get_text() for t in ax.get_xticklabels()] == list(timings)
-    assert ax.get_ylabel() == "fastest of 15 calls (ms)"
+        expected = [2 * sizes[label].nbytes / t[kind] / 1e6 for label, t in timings.items()]
+        assert heights == pytest.approx(expected)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["x of 8 MiB", "x of 64 MiB"]
+    assert ax.get_yscale() == "log" and ax.get_ylabel().startswith("GB/s")
     assert (ns["HERE"] / "fusion.png").is_file()
+
+
+# ----------------------------------------------------------------------------------------
+# Slow: fresh processes (the lesson under TORCH_LOGS, Inductor under simulated CPUs)
+
+ROOT = Path(__file__).resolve().parents[2]
+LEVELS = {  # as scripts/portable.py simulates them
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "default": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+}
+PROBE = textwrap.dedent("""
+    import re, time, torch
+    from torch._inductor.utils import run_and_get_code
+    torch.set_num_threads(1)
+    def chain(x):
+        return ((x * 1.5 + 0.5).relu() - 0.25) * 2.0
+    x = torch.randn(2048, 1024, generator=torch.Generator().manual_seed(0))
+    cchain = torch.compile(chain)
+    out, (code,) = run_and_get_code(cchain, x)
+    step = re.search(r"x0\\+=static_cast<int64_t>\\((\\d+)L\\)", code).group(1)
+    def fastest(fn):
+        times = []
+        for _ in range(6):
+            t0 = time.perf_counter(); fn(); times.append(time.perf_counter() - t0)
+        return min(times)
+    ratio = fastest(lambda: cchain(x)) / fastest(lambda: chain(x))
+    print(torch.backends.cpu.get_cpu_capability(), step, (out - chain(x)).abs().max().item(), ratio)
+""")
+
+
+def probe(cache, level=None):
+    """(capability, floats per step, max |compiled - eager|, compiled time / eager time) of
+    the chain in a fresh process."""
+    env = {**os.environ, **LEVELS.get(level, {}), "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cap, step, err, ratio = proc.stdout.split()
+    return cap, int(step), float(err), float(ratio)
+
+
+def x86_capability():
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("simulated CPU levels are x86 ones")
+    return torch.backends.cpu.get_cpu_capability()
+
+
+@pytest.mark.slow
+def test_vector_width_under_simulated_cpus():
+    """The prose: 8 floats per step under AVX2, faster than eager; with no vector ISA a scalar
+    loop, slower than eager's kernels (each level with its own empty cache); correct results
+    in both."""
+    host = x86_capability()
+    for level, lanes in [("avx2", 8), ("default", 1)]:
+        if level == "avx2" and host not in ("AVX512", "AVX2"):
+            continue
+        with tempfile.TemporaryDirectory() as cache:
+            cap, step, err, ratio = probe(cache, level)
+        assert (cap, step) == (level.upper(), lanes) and err == 0.0
+        assert ratio < 1 if lanes > 1 else ratio > 1, (level, ratio)
+
+
+@pytest.mark.slow
+def test_cache_shared_across_isas_gives_wrong_values():
+    """The prose: the cache key ignores the vector ISA, so kernels compiled under AVX-512 and
+    loaded under AVX2 return wrong values. (Only this direction: the other one corrupts the
+    heap.) A throwaway cache, never the course's."""
+    if x86_capability() != "AVX512":
+        pytest.skip("needs an AVX-512 host to compile the AVX-512 kernel")
+    with tempfile.TemporaryDirectory() as cache:
+        assert probe(cache)[:3] == ("AVX512", 16, 0.0)  # written under AVX-512: right
+        cap, step, err, _ = probe(cache, "avx2")  # read back under AVX2
+    assert cap == "AVX2" and step == 16, "the AVX-512 code was reused"
+    assert err > 1.0, f"max error {err}"
+    with tempfile.TemporaryDirectory() as cache:
+        assert probe(cache, "avx2")[:3] == ("AVX2", 8, 0.0)  # its own cache: right
+
+
+@pytest.mark.slow
+def test_lesson_runs_under_torch_logs_output_code():
+    """The lesson recommends TORCH_LOGS=output_code: it must run, and print the same, with it
+    (TORCH_LOGS overrides every torch._logging.set_logs call in the process)."""
+    env = {**os.environ, "TORCH_LOGS": "output_code"}
+    script = ROOT / "lessons" / "08_compile" / "compile.py"
+    proc = subprocess.run([sys.executable, "-m", "scripts.checker", str(script)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "documented outputs match" in proc.stdout
+    assert "cpp_fused_add_mul_relu_sub_0" in proc.stderr  # the log did print the code
 
 
 # ----------------------------------------------------------------------------------------
@@ -216,36 +421,56 @@ def cuda_ms(fn, warmup=3, repeats=20):
 
 
 @pytest.mark.cuda
-def test_cuda_compiled_chain(lesson):
+def test_cuda_compiled_chain_and_the_caching_allocator(lesson):
+    """Compiled beats eager on a bandwidth-bound chain, and a fresh output costs nothing
+    extra on a GPU: the caching allocator reuses freed blocks, so clone keeps pace with
+    copy_ (on the CPU, at 64 MiB, it did not)."""
     chain = lesson.ns["chain"]
     x = torch.randn(8192, 8192, device="cuda")  # 256 MiB: bandwidth-bound
     cchain = torch.compile(chain)
     torch.testing.assert_close(cchain(x), chain(x))
-    t_eager, t_compiled = cuda_ms(lambda: chain(x)), cuda_ms(lambda: cchain(x))
     out = torch.empty_like(x)
-    t_floor = cuda_ms(lambda: out.copy_(x))
-    print(f"cuda: eager {t_eager:.3f} ms, compiled {t_compiled:.3f} ms, floor {t_floor:.3f} ms")
-    assert t_compiled < t_eager
+    t_eager, t_compiled = cuda_ms(lambda: chain(x)), cuda_ms(lambda: cchain(x))
+    t_copy, t_clone = cuda_ms(lambda: out.copy_(x)), cuda_ms(lambda: x.clone())
+    print(f"cuda: eager {t_eager:.3f} ms, compiled {t_compiled:.3f} ms, "
+          f"copy_ {t_copy:.3f} ms, clone {t_clone:.3f} ms")
+    assert t_compiled < t_eager / 2  # one pass against five
+    assert t_compiled < 1.5 * t_clone
+    assert t_clone < 1.5 * t_copy  # no page faults: the block comes from the cache
+
+
+def graph_launches(fn, calls):
+    """cudaGraphLaunch calls the CUDA runtime saw while fn ran `calls` times (profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("cudaGraphLaunch"))
 
 
 @pytest.mark.cuda
-def test_cuda_reduce_overhead():
+def test_cuda_reduce_overhead_records_and_replays_a_graph():
     def small(x):  # four tiny kernels in eager: launch overhead dominates
         return ((x * 2 + 1).relu() - 0.5).sum()
 
     x = torch.randn(256, device="cuda")
-    skips = dynamo.utils.counters["inductor"]["cudagraph_skips"]
     default = torch.compile(small)
-    graphed = torch.compile(small, mode="reduce-overhead")  # replays a recorded CUDA graph
-    for _ in range(3):  # warm-up runs, then the graph is recorded
+    graphed = torch.compile(small, mode="reduce-overhead")  # records a CUDA graph, then replays it
+    for _ in range(3):  # warm-up runs, then the recording
         graphed(x).clone()
     torch.testing.assert_close(graphed(x).clone(), small(x))
+    # replayed: one cudaGraphLaunch per call, and none for the default mode
+    assert graph_launches(lambda: graphed(x), 5) == 5
+    assert graph_launches(lambda: default(x), 5) == 0
+    from torch._inductor import cudagraph_trees
+
+    manager = cudagraph_trees.get_manager(x.device.index, create_if_none_exists=False)
+    assert manager is not None and len(manager.roots) >= 1  # recorded: a graph tree exists
     t_eager = cuda_ms(lambda: small(x))
     t_default = cuda_ms(lambda: default(x))
     t_graphed = cuda_ms(lambda: graphed(x))
     print(f"cuda small: eager {t_eager:.4f} ms, compiled {t_default:.4f} ms, "
-          f"reduce-overhead {t_graphed:.4f} ms")
-    # a CUDA graph was recorded and replayed (Inductor counts the cases where it gives up);
-    # the timings are printed, not asserted: per-call overheads depend on the host CPU
-    assert dynamo.utils.counters["inductor"]["cudagraph_skips"] == skips
+          f"reduce-overhead {t_graphed:.4f} ms")  # printed, not asserted: host-dependent
     assert min(t_eager, t_default, t_graphed) > 0
