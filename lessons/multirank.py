@@ -59,7 +59,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["GRACE_S", "GROUP_TIMEOUT_S", "MARK", "Run", "heading", "kill_launch", "launch",
-           "marked", "running", "say", "section", "serve", "setup", "shared", "show", "teardown"]
+           "marked", "running", "say", "section", "serve", "setup", "shared", "show", "still_running",
+           "teardown"]
 
 MARK = "COURSE_LAUNCH_ID"  # the environment variable every process of a launch carries
 GRACE_S = 3.0  # after SIGTERM, how long torchrun gets to stop its ranks itself
@@ -350,6 +351,17 @@ def running(path) -> list[str]:
         mine.add(pid)
         pid = parent.get(pid, 0)
     return [f"{r[0]} {r[2]}" for r in rows if str(path) in r[2] and int(r[0]) not in mine and r[2][:2] != "ps"]
+
+
+def still_running(path, mark: str, var: str = MARK) -> list[str]:
+    """`pid args` of the processes of one launch (or one run, for another var) still alive:
+    their command line names `path`, and on Linux they carry var=mark, so that another run
+    of the same worker is not counted."""
+    found = running(path)
+    if Path("/proc").is_dir():
+        ours = {str(pid) for pid in marked(mark, var)}
+        found = [line for line in found if line.split()[0] in ours]
+    return found
 
 
 # ---------------------------------------------------------------------------- in a rank

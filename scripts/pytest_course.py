@@ -96,15 +96,12 @@ RUN_MARK = "COURSE_LESSON_RUN"  # set while a lesson runs: its kernel, torchrun 
 
 
 def leftovers(lesson: manifest.Lesson, token: str) -> list[str]:
-    """`pid args` of the processes a lesson's run left: carrying the run's token (Linux) and
-    naming the lesson's folder on their command line (torchrun and the ranks do)."""
+    """`pid args` of the processes a lesson's run left: naming the lesson's folder on their
+    command line (torchrun and the ranks do) and, on Linux, carrying the run's token (not
+    another run of the same lesson)."""
     from scripts import multirank  # the course's kit: the lessons launch with it
 
-    found = multirank.running(lesson.dir)
-    if Path("/proc").is_dir():  # only what this run started: not another run of the same lesson
-        ours = {str(pid) for pid in multirank.marked(token, RUN_MARK)}
-        found = [line for line in found if line.split()[0] in ours]
-    return found
+    return multirank.still_running(lesson.dir, token, RUN_MARK)
 
 
 @contextlib.contextmanager

@@ -71,7 +71,8 @@ def test_the_failure_path_skips_the_barrier():
     assert "rank 1 fails on purpose" in result.err[1]
     assert "terminate called" not in result.err[0] + result.err[1], result.describe()
     assert result.exit_codes[0] in (1, -15), result.describe()  # its collective raised, or torchrun stopped it
-    assert result.seconds < GROUP_TIMEOUT_S / 2, result.describe()  # no group timeout waited out
+    # with a barrier in rank 1's teardown both ranks would wait the group's full timeout
+    assert result.seconds < GROUP_TIMEOUT_S, result.describe()
     assert result.leftover == 0
 
 

@@ -47,7 +47,7 @@ torch.manual_seed(0)
 torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit, multirank.py
-from multirank import launch, running, section, show  # noqa: E402
+from multirank import launch, section, show, still_running  # noqa: E402
 
 WORKER = HERE / "worker.py"
 
@@ -137,7 +137,7 @@ show(run, "world")
 # %%
 stuck = launch(WORKER, ["hang"], timeout=2)
 print(f"timed out: {stuck.timed_out} after {stuck.seconds:.1f} s; torchrun's exit code {stuck.code}")
-print(f"processes of the launch still running: {len(running(WORKER))}")
+print(f"processes of the launch still running: {len(still_running(WORKER, stuck.mark))}")
 
 # %% [markdown]
 # Output:
@@ -147,8 +147,9 @@ print(f"processes of the launch still running: {len(running(WORKER))}")
 # ```
 #
 # `launch` returned a little after its 2 s (the time varies with the machine's load), with
-# no exit code: torchrun did not finish, it was stopped. Nothing is left: `running` lists
-# the processes whose command line names the worker, torchrun's and the ranks' included.
+# no exit code: torchrun did not finish, it was stopped. Nothing is left: `still_running`
+# lists the processes whose command line names the worker (torchrun's and the ranks') and,
+# on Linux, that carry this launch's mark.
 # (After 2 s the ranks may still be importing torch or already hanging: the kill does not
 # care which.) A hang costs the timeout you chose, never more; the course's tests prove the
 # same for a hang after the process group is up, and for an interrupted notebook

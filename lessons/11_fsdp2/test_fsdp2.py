@@ -184,7 +184,7 @@ def test_failing_launch_ends_cleanly():
     result = launch(WORKER, ["pinned"], env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.code == 1 and not result.timed_out, result.describe()
     # no barrier after a failure: nothing waits for the group's timeout
-    assert result.seconds < GROUP_TIMEOUT_S / 2, result.describe()
+    assert result.seconds < GROUP_TIMEOUT_S, result.describe()
     # the first rank to fail exits with 1; torchrun then SIGTERMs the other (-15) unless it
     # has failed too (torch/distributed/elastic/multiprocessing/api.py, _poll)
     codes = sorted(result.exit_codes.values())
