@@ -581,10 +581,10 @@ def plot_timeline(found):
         ax.set_title(f"FSDP2 step, explicit prefetch {prefetch}")
         ax.set_xlabel("ms since the step began (each rank's own clock)")
         ax.set_yticks(range(4), [f"rank {r}" for r in range(4)])
-    axes[0].legend(handles=[Rectangle((0, 0), 1, 1, color=c) for c in ("C2", "C0", "C3")],
-                   labels=["compute (block fwd/bwd)", "all-gather (issue to done)", "reduce-scatter (issued)"],
-                   loc="lower right", fontsize=8)
-    fig.tight_layout()
+    fig.legend(handles=[Rectangle((0, 0), 1, 1, color=c) for c in ("C2", "C0", "C3")],
+               labels=["compute (block fwd/bwd)", "all-gather (issue to done)", "reduce-scatter (issued)"],
+               loc="lower center", ncol=3, fontsize=9)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
@@ -793,5 +793,5 @@ show(run, "nodes")
 #    Compare the 2-D step with one process.
 # B. In `tp_plan`, drop the `PrepareModuleInput` of `attn` in the plan without sequence
 #    parallelism. How many all-reduces does `blocks.0`'s backward issue now, and why?
-# C. Swap the mesh to `("tp", "dp")` (tp first). Which groups cross the nodes now, and what
-#    does section 3's last column become for the 2-D strategy?
+# C. In `strategies`, name the 2-D mesh's dimensions `("tp", "dp")` (tp first). Which groups
+#    cross the nodes now, and what does section 3's last column become for the 2-D strategy?

@@ -590,17 +590,19 @@ def show_async(device):
     rank, last = dist.get_rank(), dist.get_world_size() - 1
     x = torch.full((1024,), float(rank + 1), device=device)
     a = torch.randn(64, 64, device=device)
+    dist.barrier()  # all ranks start here together
     if rank == last:
         time.sleep(0.2)  # a slow peer: the all-reduce cannot finish before it joins
     start, done = time.perf_counter(), []
     work = dist.all_reduce(x, async_op=True)  # returns at once with a handle
-    work.get_future().then(lambda _: done.append(time.perf_counter() - start))
+    noted = work.get_future().then(lambda _: done.append(time.perf_counter() - start))
     began = time.perf_counter() - start
     for _ in range(50):
         a = torch.tanh(a @ a)  # compute that does not need x
     computed = time.perf_counter() - start
     work.wait()  # x is the sum from here on
     waited = time.perf_counter() - start
+    noted.wait()  # the callback that noted the completion has run too
     if rank == 0:
         say(f"async all_reduce: issued, compute began at {1e3 * began:.1f} ms, ended {1e3 * computed:.1f} ms, "
             f"the collective completed {1e3 * done[0]:.1f} ms, wait() returned {1e3 * waited:.1f} ms")
