@@ -28,7 +28,7 @@ from scripts import checker, manifest
 MARKERS = {
     "cuda": "needs a CUDA device; skipped when torch.cuda.is_available() is False",
     "mps": "needs an Apple MPS device; skipped when torch.backends.mps.is_available() is False",
-    "multigpu": "needs at least 2 CUDA devices",
+    "multigpu(n=2)": "needs at least n CUDA devices (2 unless given: multigpu(4))",
     "multirank": "launches several ranks (torchrun, gloo on CPU); runs on CPU, never skipped",
     "slow": "left out of `make test`; run with `make test-slow`",
     "exercise(name)": "tests of one exercise, run against solutions.py or exercises.py",
@@ -50,16 +50,17 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {doc}")
 
 
-def missing_device(marker: str) -> str | None:
-    """Why a test with this marker cannot run here, or None when it can."""
+def missing_device(marker: str, gpus: int = 2) -> str | None:
+    """Why a test with this marker cannot run here, or None when it can. ``gpus`` is how many
+    CUDA devices a ``multigpu`` test needs (``@pytest.mark.multigpu(4)``; 2 by default)."""
     import torch
 
     if marker == "cuda" and not torch.cuda.is_available():
         return "needs CUDA: torch.cuda.is_available() is False"
     if marker == "mps" and not torch.backends.mps.is_available():
         return "needs MPS: torch.backends.mps.is_available() is False"
-    if marker == "multigpu" and torch.cuda.device_count() < 2:
-        return f"needs 2 CUDA devices: torch.cuda.device_count() is {torch.cuda.device_count()}"
+    if marker == "multigpu" and torch.cuda.device_count() < gpus:
+        return f"needs {gpus} CUDA devices: torch.cuda.device_count() is {torch.cuda.device_count()}"
     return None
 
 
@@ -67,7 +68,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Skip device tests at collection, so the report names the test and the reason."""
     for item in items:
         for marker in ("cuda", "mps", "multigpu"):
-            if item.get_closest_marker(marker) and (reason := missing_device(marker)):
+            mark = item.get_closest_marker(marker)
+            gpus = mark.args[0] if mark and mark.args else 2
+            if mark and (reason := missing_device(marker, gpus)):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 

@@ -294,3 +294,17 @@ def test_a_collapsed_notebook_passes_the_notebook_check(tmp_path):
     script.write_text(script.read_text().replace("# strides (3, 1)", "# strides (1, 3)"))
     (found,) = checker.run_notebook(notebooks.notebook_path(script)).problems()  # from the script
     assert "cell 1: printed output differs" in found
+
+
+def test_multigpu_takes_a_gpu_count():
+    """`@pytest.mark.multigpu(4)` (lesson 13's 2-D step) asks for 4 GPUs; plain multigpu, 2."""
+    import torch
+
+    from scripts.pytest_course import missing_device
+
+    have = torch.cuda.device_count()
+    for need in (2, 4):
+        reason = missing_device("multigpu", need)
+        assert (reason is None) == (have >= need)
+        if reason:
+            assert reason.startswith(f"needs {need} CUDA devices")
