@@ -372,11 +372,19 @@ print([x for x in section(run, "memory")[0] if "unit sizes" in x][0])
 # bytes, but not the whole model. DDP's peak is its steady state: it never gathers, it has
 # everything all the time.
 #
-# The same accounting by formula for a large model: mixed-precision Adam keeps 16 bytes per
-# parameter (bf16 parameter 2, bf16 gradient 2, fp32 master copy 4, two fp32 moments 8). DDP
-# keeps all 16 on every GPU; FSDP2 keeps 16 / N per GPU, plus the gathered bf16 units.
+# The same accounting by formula for a large model trained with FSDP2's bf16
+# `MixedPrecisionPolicy` (section 6). What stays from one step to the next is all fp32: the
+# sharded parameter (4 bytes), its gradient (4: section 6 printed `grad torch.float32`) and
+# AdamW's two moments (8), 16 bytes per parameter. The bf16 copies are transient: a unit's
+# bf16 parameters exist while it is gathered, its bf16 gradients until they are
+# reduce-scattered. (The classic ZeRO count, bf16 parameter 2 + bf16 gradient 2 + fp32
+# master 4 + moments 8, is also 16: it describes a trainer that keeps bf16 working weights
+# all the time.) DDP keeps all 16 on every GPU; FSDP2 keeps 16 / N per GPU, plus what is
+# gathered at the moment.
 #
 # **Predict.** An 8B-parameter model on 8 GPUs of 80 GB: does it fit with DDP? With FSDP2?
+# And what does FSDP2's peak add, given section 5 (the root unit stays gathered through the
+# whole forward)?
 
 # %%
 GB = 1e9
@@ -387,26 +395,38 @@ def per_gpu_bytes(n_params, world, sharded, bytes_per_param=16):
     return n_params * bytes_per_param / (world if sharded else 1)
 
 
-big, world = 8e9, 8
+big, world, blocks = 8e9, 8, 32
+vocab, width = 128_256, 4096  # a Llama-3-8B-like model (untied embedding and head)
+root = 2 * vocab * width  # the root unit's parameters: embedding and head (norms aside)
+block = (big - root) / blocks  # one transformer block
 print(f"DDP:   {per_gpu_bytes(big, world, False) / GB:.0f} GB per GPU")
 print(f"FSDP2: {per_gpu_bytes(big, world, True) / GB:.0f} GB per GPU")
-layer = big / 32  # a 32-layer model: one layer's bf16 parameters gathered at a time
-print(f"FSDP2 peak adds one gathered layer in bf16: {layer * 2 / GB:.1f} GB")
+print(f"root unit (embedding + head): {root / 1e9:.2f}B parameters, {root * 2 / GB:.1f} GB in bf16")
+print(f"one block: {block / 1e9:.2f}B parameters, {block * 2 / GB:.1f} GB in bf16")
+print(f"FSDP2 peak adds the gathered root and one block: {(root + block) * 2 / GB:.1f} GB")
 
 # %% [markdown]
 # Output:
 # ```text
 # DDP:   128 GB per GPU
 # FSDP2: 16 GB per GPU
-# FSDP2 peak adds one gathered layer in bf16: 0.5 GB
+# root unit (embedding + head): 1.05B parameters, 2.1 GB in bf16
+# one block: 0.22B parameters, 0.4 GB in bf16
+# FSDP2 peak adds the gathered root and one block: 2.5 GB
 # ```
 #
 # 128 GB does not fit on an 80 GB GPU before a single activation is stored: DDP cannot
-# train this model at all. Sharded over 8 GPUs the same state is 16 GB per GPU, plus half a
-# gigabyte for the layer being computed (the bf16 parameters of one of 32 layers; two with
-# prefetching), leaving most of the GPU for activations. The formula is the steady state the
-# table above measured on a small scale; the `multigpu` test compares it with
-# `torch.cuda.max_memory_allocated` on 2 GPUs (not verified on hardware in this course's CI).
+# train this model at all. Sharded over 8 GPUs the same state is 16 GB per GPU. The peak
+# adds what is gathered, and with the default `reshard_after_forward=None` that is the root
+# unit for the whole forward (section 5) plus the block being computed. With a large
+# vocabulary the root is not small: the embedding and the head of this model are 13 % of
+# its parameters, 2.1 GB in bf16, nearly five times one block (and prefetching adds one
+# more block). That is why large models often make the embedding and the head units of
+# their own (`fully_shard(model.embed)`, `fully_shard(model.head)`), so that they too are
+# freed after use. Either way most of the GPU is left for activations. The formula is the
+# steady state the table above measured on a small scale; the `multigpu` test compares it
+# with `torch.cuda.max_memory_allocated` on 2 GPUs (not verified on hardware in this
+# course's CI).
 
 # %% [markdown]
 # The figure puts both measurements side by side: each rank's bytes under DDP and FSDP2,
@@ -549,7 +569,8 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 #   master parameters and gradients.
 # - Per rank, FSDP2 halves parameters, gradients and AdamW state on 2 ranks; its peak adds
 #   only the gathered units. For 8B parameters on 8 GPUs: 128 GB per GPU with DDP, 16 GB
-#   with FSDP2.
+#   with FSDP2 (all fp32 between steps, bf16 policy or not), plus the gathered root
+#   (embedding and head: 2.1 GB in bf16 for a 128k vocabulary) and one block.
 # - `set_requires_gradient_sync(False)` accumulation is exact; `CPUOffloadPolicy` needs
 #   `pin_memory=False` without an accelerator.
 #

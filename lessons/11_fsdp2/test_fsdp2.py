@@ -141,8 +141,13 @@ def test_memory_accounting(lesson):
 
 
 def test_eight_billion_on_eight_gpus(lesson):
-    f = lesson.ns["per_gpu_bytes"]
+    ns = lesson.ns
+    f = ns["per_gpu_bytes"]
     assert f(8e9, 8, False) == 128e9 and f(8e9, 8, True) == 16e9
+    # the peak's gathered part: the root (embedding + head) plus one block, and the root
+    # dominates it (the claim the prose makes)
+    assert ns["root"] == 2 * ns["vocab"] * ns["width"] and ns["root"] > 4 * ns["block"]
+    assert ns["block"] * ns["blocks"] + ns["root"] == pytest.approx(ns["big"])
 
 
 def test_gradient_accumulation(lesson):
