@@ -3,17 +3,20 @@
 #
 # A PyTorch tensor is two things: a flat block of memory (its *storage*) and a small
 # record that says how to read it (sizes, strides, a storage offset, a dtype, a device).
-# Transposing, slicing, permuting and most reshapes only write a new record: the numbers
-# stay where they are. This lesson takes that record apart.
+# Transposing, slicing, and reshaping a contiguous tensor only write a new record: the
+# numbers stay where they are. This lesson takes that record apart.
 #
 # **What you will learn**
 #
 # - what storage, sizes, strides, storage offset, dtype and device are, and how to print them;
 # - why PyTorch counts strides in elements and NumPy in bytes;
+# - that the record is a C++ object, a `TensorImpl`, which a Python tensor is a handle to;
 # - why a transpose or a slice costs nothing, and why writing through it changes the base;
+# - what `._base` records, and why program logic should not depend on it;
 # - what "contiguous" means exactly, and when `view` works, when it fails, and what
 #   `reshape` and `contiguous()` copy;
-# - what the [B, S, H] → [B, H, S] permute of attention does to memory, which op copies
+# - what a memory format is (`channels_last`: same shape, other strides), and which ops keep it;
+# - what the (B, S, H, D) → (B, H, S, D) transpose of attention does to memory, which op copies
 #   because of it without saying so (`q @ kᵀ`), which one reads it as it is (SDPA), and
 #   what the hidden copies cost.
 #
@@ -102,6 +105,7 @@ a = x.numpy()  # shares x's memory: no copy
 print(f"torch strides {x.stride()} (elements)")
 print(f"numpy strides {a.strides} (bytes), itemsize {a.itemsize}")
 print(f"stride x itemsize {tuple(s * x.element_size() for s in x.stride())}")
+print(f"the array reads x's memory: {a.ctypes.data == x.data_ptr()}")  # addresses compared, not printed
 f = np.arange(6, dtype=np.float32).reshape(2, 3)  # a float32 array built by NumPy itself
 print(f"float32 numpy strides {f.strides}, torch strides {torch.from_numpy(f).stride()}")
 
@@ -111,6 +115,7 @@ print(f"float32 numpy strides {f.strides}, torch strides {torch.from_numpy(f).st
 # torch strides (3, 1) (elements)
 # numpy strides (24, 8) (bytes), itemsize 8
 # stride x itemsize (24, 8)
+# the array reads x's memory: True
 # float32 numpy strides (12, 4), torch strides (3, 1)
 # ```
 #
@@ -148,6 +153,58 @@ print(f"x[1, 0] = {x[1, 0].item()}  y[0, 1] = {y[0, 1].item()}")
 # address changes from run to run). The value 3 is storage position 3: `x` reaches it as
 # `0 + 3*1 + 1*0` and `y` as `0 + 1*0 + 3*1`. `y` is *not contiguous*: a new tensor of
 # shape (3, 2) would get strides (2, 1), and `y` has (1, 3). Section 3 states the rule.
+#
+# **The record is a C++ object.** Each tensor's record lives in C++, in a `TensorImpl`: the
+# sizes, strides, offset, dtype and device, a reference to the storage, and a version
+# counter (lesson 02). The Python tensor is a handle to it; `t._cdata` (private) is the
+# address of its `TensorImpl`, which we compare and never print.
+#
+# **Predict.** Give a tensor `t` a Python attribute. Which of `t.add_(1)`, `t.t()`,
+# `t.detach()` and `t.clone()` hand you back `t` itself? Which are a new `TensorImpl` over
+# the same storage? And what does the in-place transpose `t.t_()` do to `t`'s record?
+
+
+# %%
+def same_impl(a, b):
+    """True when a and b are handles to the same C++ TensorImpl (private `_cdata`)."""
+    return a._cdata == b._cdata
+
+
+t = torch.zeros(2, 3)  # (2, 3)
+t.note = "set in Python"  # lives on the Python object, not in the TensorImpl
+results = {"t.add_(1)": t.add_(1), "t.t()": t.t(), "t.detach()": t.detach(), "t.clone()": t.clone()}
+print(f"{'call':<11} {'same object':<12} {'same TensorImpl':<16} same storage")
+for name, u in results.items():
+    print(f"{name:<11} {u is t!s:<12} {same_impl(u, t)!s:<16} {same_storage(u, t)}")
+print(f"t.add_(1).note: {results['t.add_(1)'].note!r}")
+before = (tuple(t.shape), t.stride())
+t.t_()  # (3, 2): an in-place transpose
+print(f"t.t_(): shape {before[0]} -> {tuple(t.shape)}, strides {before[1]} -> {t.stride()}, "
+      f"same TensorImpl: {same_impl(t, results['t.add_(1)'])}")
+d, version = results["t.detach()"], t._version
+d.add_(1)  # a write through the detached tensor
+print(f"t._version {version} -> {t._version} after d.add_(1) on d = t.detach()")
+
+# %% [markdown]
+# Output:
+# ```text
+# call        same object  same TensorImpl  same storage
+# t.add_(1)   True         True             True
+# t.t()       False        False            True
+# t.detach()  False        False            True
+# t.clone()   False        False            False
+# t.add_(1).note: 'set in Python'
+# t.t_(): shape (2, 3) -> (3, 2), strides (3, 1) -> (1, 3), same TensorImpl: True
+# t._version 2 -> 3 after d.add_(1) on d = t.detach()
+# ```
+#
+# An in-place op returns its input's own `TensorImpl`, and PyTorch keeps one Python object
+# per `TensorImpl`, so `t.add_(1)` is `t`, attribute included. `t.t()` and `t.detach()`
+# are new records over the same storage (one more handle each, no numbers copied), and
+# `t.clone()` is a new record over new storage. `t.t_()` rewrites `t`'s own record: same
+# `TensorImpl`, new sizes and strides, not one number moved. The version counter is shared
+# too: a write through `d` counts as a write to `t`, which is how autograd notices writes
+# through a `detach()`ed alias (lesson 03).
 
 # %% [markdown]
 # ## 3. A slice is a view with an offset
@@ -215,7 +272,8 @@ for name, t in [("m[:, ::2]", m[:, ::2]), ("m[2:]", m[2:]), ("m[1:2].t()", m[1:2
 # rule in two lines; the tests check it against `is_contiguous()` on hundreds of views.
 #
 # **Predict.** A stride can even be 0. `torch.arange(3).expand(2, 3)` shows two rows; how
-# many bytes does it hold, and what is the stride that moves from row 0 to row 1?
+# many bytes does it hold, and what is the stride that moves from row 0 to row 1? Can you
+# write into it in place with `add_(1)`? With `fill_(7)`?
 
 # %%
 e = torch.arange(3).expand(2, 3)  # (2, 3) over 3 stored elements
@@ -224,18 +282,24 @@ try:
     e.add_(1)  # would add 1 to each stored cell twice
 except RuntimeError as err:
     print(f"add_ failed: {first_sentence(err)}")
+filled = torch.arange(3).expand(2, 3).fill_(7)  # (2, 3) over 3 stored elements
+print(f"fill_(7) works: {filled.tolist()}  storage {storage_values(filled).tolist()}")
 
 # %% [markdown]
 # Output:
 # ```text
 # expand [[0, 1, 2], [0, 1, 2]]  strides (0, 1)  storage 24 bytes
 # add_ failed: unsupported operation: more than one element of the written-to tensor refers to a single memory location
+# fill_(7) works: [[7, 7, 7], [7, 7, 7]]  storage [7, 7, 7]
 # ```
 #
 # Stride 0 means "do not move": every row reads the same three cells. That is how
 # broadcasting repeats a tensor without storing the copies. Several indices share one cell,
-# so PyTorch refuses in-place ops on the whole tensor (the full message suggests `clone()`
-# first). As the exercises show, stride 0 also decides which `view`s are possible.
+# so most in-place ops refuse to write into it (`add_` here; `mul_` and `copy_` too, the
+# tests check): the result would depend on the order of the writes. The full message
+# suggests `clone()` first. `fill_` (and `zero_`) are allowed: they write the same value
+# whichever index reaches a cell. As the exercises show, stride 0 also decides which
+# `view`s are possible.
 
 # %% [markdown]
 # ## 4. Writing through a view writes the base
@@ -258,6 +322,67 @@ print(f"m   {m.tolist()}")
 # base, and to every other view of the same cells. That is what makes views cheap, and
 # also why an in-place op on a view can surprise you (autograd tracks it with a version
 # counter: lesson 03).
+#
+# **Predict.** A view remembers the tensor it was made from in `._base`. For
+# `base = torch.zeros(3, 4)`, `v1 = base[1:]` and `v2 = v1[:, 1:]`: is `v2._base` `v1` or
+# `base`? What is the `_base` of `base.detach()`, of `base.reshape(-1)`, of
+# `base.t().reshape(-1)`, and of `torch.arange(12).reshape(3, 4)`?
+
+
+# %%
+def base_name(t, known):
+    """Which of the `known` tensors t._base is, by identity."""
+    if t._base is None:
+        return "None"
+    return next((k for k, u in known.items() if t._base is u), f"a tensor of shape {tuple(t._base.shape)}")
+
+
+base = torch.zeros(3, 4)  # (3, 4), made fresh: not a view
+v1 = base[1:]  # (2, 4)
+v2 = v1[:, 1:]  # (2, 3)
+known = {"base": base, "v1": v1}
+cases = {"base": base, "v1 = base[1:]": v1, "v2 = v1[:, 1:]": v2, "base.detach()": base.detach(),
+         "base.reshape(-1)": base.reshape(-1), "base.t().reshape(-1)": base.t().reshape(-1),
+         "torch.from_numpy(base.numpy())": torch.from_numpy(base.numpy()),
+         "torch.arange(12).reshape(3, 4)": torch.arange(12).reshape(3, 4)}
+print(f"{'tensor':<31} {'_base':<24} shares base's storage")
+for name, u in cases.items():
+    print(f"{name:<31} {base_name(u, known):<24} {same_storage(u, base)}")
+small = torch.zeros(10**6)[:2]  # (2,) a view of a 4 MB tensor that has no other name
+print(f"small = torch.zeros(10**6)[:2]: _base holds {small._base.numel():,} elements, "
+      f"storage {small.untyped_storage().nbytes():,} bytes; small.clone(): "
+      f"{small.clone().untyped_storage().nbytes()} bytes")
+grown = torch.ones(3, requires_grad=True) * 1  # (3,) a result that autograd tracks
+grown[0].mul_(2)  # in place, through a view
+print(f"after grown[0].mul_(2): grown.grad_fn is {type(grown.grad_fn).__name__}")
+
+# %% [markdown]
+# Output:
+# ```text
+# tensor                          _base                    shares base's storage
+# base                            None                     True
+# v1 = base[1:]                   base                     True
+# v2 = v1[:, 1:]                  base                     True
+# base.detach()                   None                     True
+# base.reshape(-1)                base                     True
+# base.t().reshape(-1)            None                     False
+# torch.from_numpy(base.numpy())  None                     True
+# torch.arange(12).reshape(3, 4)  a tensor of shape (12,)  False
+# small = torch.zeros(10**6)[:2]: _base holds 1,000,000 elements, storage 4,000,000 bytes; small.clone(): 8 bytes
+# after grown[0].mul_(2): grown.grad_fn is CopySlices
+# ```
+#
+# `_base` is the bookkeeping of autograd's view tracking, not a map of your code. It points
+# to the root of a chain of views, not to the tensor you sliced (`v2._base` is `base`). It
+# is `None` for `detach()` and for a NumPy round trip, which share the storage all the same
+# (and, lesson 02, for views of inference tensors). Whether `reshape` sets it
+# depends on the layout (section 5). And `torch.arange(12).reshape(3, 4)` is itself a view,
+# of a temporary that no name refers to. A view also keeps its whole base alive: two
+# elements that hold on to 4 MB until a `clone()` lets go. What autograd does with it: an
+# in-place write through a view of `grown` rewrote the history of the base itself (its
+# `grad_fn` is now `CopySlices`). So never branch on `_base` in program logic: code that
+# works with views should be correct whether or not its inputs alias, and `clone()` where
+# it must not.
 
 # %% [markdown]
 # ## 5. `view` needs compatible strides; `reshape` and `contiguous()` may copy
@@ -317,7 +442,93 @@ print(f"x.contiguous() is x: {x.contiguous() is x}  same storage: {same_storage(
 # when the tensor already is contiguous, and a full copy when it is not.
 
 # %% [markdown]
-# ## 6. The attention layout
+# ## 6. Memory formats: same shape, other strides
+#
+# Images in a convolutional net are (N, C, H, W): batch, channels, height, width. Stored
+# row-major, each channel is a block of H·W numbers. The *channels-last* memory format keeps
+# the same shape and stores the C numbers of each pixel side by side instead (N, H, W, C in
+# memory). Only the strides say which.
+#
+# **Predict.** What are the strides of `img.to(memory_format=torch.channels_last)` for a
+# (2, 3, 4, 5) `img`? Is it contiguous? Are its values, read by index, equal to `img`'s?
+
+# %%
+img = torch.randn(2, 3, 4, 5, device=DEVICE)  # (N, C, H, W)
+cl = img.to(memory_format=torch.channels_last)  # (N, C, H, W), channels innermost in memory
+print(f"img shape {tuple(img.shape)}  strides {img.stride()}")
+print(f"cl  shape {tuple(cl.shape)}  strides {cl.stride()}  same storage: {same_storage(cl, img)}")
+print(f"cl.is_contiguous() {cl.is_contiguous()}  "
+      f"cl.is_contiguous(memory_format=torch.channels_last) {cl.is_contiguous(memory_format=torch.channels_last)}")
+print(f"equal values: {torch.equal(cl, img)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# img shape (2, 3, 4, 5)  strides (60, 20, 5, 1)
+# cl  shape (2, 3, 4, 5)  strides (60, 1, 15, 3)  same storage: False
+# cl.is_contiguous() False  cl.is_contiguous(memory_format=torch.channels_last) True
+# equal values: True
+# ```
+#
+# Same shape, same values, new storage (the conversion copies), other strides: C now has
+# stride 1 and W steps over the C channels of a pixel. `is_contiguous()` asks about the
+# default, row-major format only; `channels_last` is contiguous in its own format.
+#
+# **Predict.** An op on a channels-last tensor returns a tensor of the same shape. Which
+# memory format does it have? Try elementwise ops, a mix with an NCHW tensor, `clone`,
+# `contiguous()`, a convolution, pooling, a softmax over the channels and a layer norm.
+
+
+# %%
+def memory_format(t):
+    """Which of the two 4-D formats t is contiguous in (a tensor can be both, or neither)."""
+    rows = t.is_contiguous(memory_format=torch.contiguous_format)
+    last = t.is_contiguous(memory_format=torch.channels_last)
+    return {(True, False): "row-major", (False, True): "channels_last"}.get((rows, last), "both or neither")
+
+
+conv = torch.nn.Conv2d(3, 6, kernel_size=3, padding=1).to(DEVICE)  # 3 -> 6 channels
+format_ops = {
+    "a.relu()": lambda a: a.relu(),
+    "a * 2": lambda a: a * 2,
+    "a + img": lambda a: a + img,  # img is row-major
+    "img + a": lambda a: img + a,
+    "a.clone()": lambda a: a.clone(),
+    "a.contiguous()": lambda a: a.contiguous(),
+    "conv(a)": lambda a: conv(a),
+    "F.max_pool2d(a, 2)": lambda a: F.max_pool2d(a, 2),
+    "a.softmax(dim=1)": lambda a: a.softmax(dim=1),
+    "F.layer_norm(a, (5,))": lambda a: F.layer_norm(a, (5,)),
+}
+with torch.no_grad():
+    formats = {name: fn(cl) for name, fn in format_ops.items()}  # name -> (N, C', H', W') result
+for name, out in formats.items():
+    print(f"{name:<22} strides {str(out.stride()):<17} {memory_format(out)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# a.relu()               strides (60, 1, 15, 3)    channels_last
+# a * 2                  strides (60, 1, 15, 3)    channels_last
+# a + img                strides (60, 1, 15, 3)    channels_last
+# img + a                strides (60, 20, 5, 1)    row-major
+# a.clone()              strides (60, 1, 15, 3)    channels_last
+# a.contiguous()         strides (60, 20, 5, 1)    row-major
+# conv(a)                strides (120, 1, 30, 6)   channels_last
+# F.max_pool2d(a, 2)     strides (12, 1, 6, 3)     channels_last
+# a.softmax(dim=1)       strides (60, 20, 5, 1)    row-major
+# F.layer_norm(a, (5,))  strides (60, 20, 5, 1)    row-major
+# ```
+#
+# Elementwise ops, `clone`, the convolution and the pooling keep channels-last. When the
+# operands disagree, the result here takes the first operand's format (`a + img` and
+# `img + a` differ). `contiguous()` converts back to row-major (a copy), and so, on this
+# pinned PyTorch, do this softmax over the channels and this layer norm. A model can
+# therefore switch formats back and forth without a word, each switch a copy: when you
+# choose a memory format for speed, check the formats of the intermediate results, as here.
+
+# %% [markdown]
+# ## 7. The attention layout
 #
 # A projection in a transformer gives queries laid out as (B, S, H·D): batch, sequence,
 # heads × head size. Splitting the last dimension into (H, D) is a view. Attention works on
@@ -382,7 +593,8 @@ print(f"view(B*H, S, D) shape {tuple(q3.shape)}  strides {q3.stride()}  "
 # **Predict.** Attention's first product is the scores, `q @ kᵀ`: one (S, S) matrix per
 # batch and head. Written as `qh @ kh.transpose(-2, -1)` on the permuted views, does it
 # copy anything? And PyTorch's fused attention, `F.scaled_dot_product_attention(qh, kh, vh)`,
-# on the same views? The profiler records every ATen op a call runs, nested ones included.
+# on the same views? The profiler records every ATen operator call that goes through the
+# dispatcher (lesson 02), nested ones included.
 
 
 # %%
@@ -428,13 +640,14 @@ for name, (fn, top) in attention_calls.items():
 # and (B·H, D, S), for one batched matrix multiply, `bmm`. Those reshapes merge B and H,
 # the merge that `view` refused above, so each falls back to a copy: both operands are
 # copied on every call, and nothing in the code says so. SDPA takes the permuted views as
-# they are: its CPU kernel reads `q`, `k` and `v` through their strides and copies nothing.
-# So swapping S and H costs nothing when the op that consumes the views accepts strides, and
-# a `.contiguous()` before SDPA would only add a copy.
+# they are: its CPU kernel reads `q`, `k` and `v` through their strides, and no copy op
+# runs. So swapping S and H costs nothing when the op that consumes the views accepts
+# strides, and a `.contiguous()` before SDPA would only add a copy.
 #
 # **Predict.** What do the hidden copies cost? Time `q @ kᵀ` on permuted views and on
 # inputs that are already contiguous in (B, H, S, D), with the heads of GPT-2 small (12
-# heads of size 64), 128 tokens and a batch of 4, on one thread.
+# heads of size 64), 128 tokens and a batch of 4, on one thread; then SDPA the same two
+# ways, and the two copies alone. Which copy is dearer, `q`'s or `kᵀ`'s?
 
 
 # %%
@@ -468,6 +681,8 @@ def layout_times(shape=(4, 12, 128, 64), repeats=30, clock=time.perf_counter):
         "scores, contiguous": lambda: qc @ kc.transpose(-2, -1),
         "sdpa, views": lambda: F.scaled_dot_product_attention(qv, kv, vv),
         "sdpa, contiguous": lambda: F.scaled_dot_product_attention(qc, kc, vc),
+        "copy of q": lambda: qv.contiguous(),  # (B, H, S, D): rows of D numbers
+        "copy of k^T": lambda: kv.transpose(-2, -1).contiguous(),  # (B, H, D, S): one number at a time
     }, repeats, clock)
 
 
@@ -477,6 +692,7 @@ for name, ms in times.items():
     print(f"  {name:<19} {ms:.3f} ms")
 print(f"scores: views / contiguous {times['scores, views'] / times['scores, contiguous']:.2f}")
 print(f"sdpa:   views / contiguous {times['sdpa, views'] / times['sdpa, contiguous']:.2f}")
+print(f"copies: k^T / q {times['copy of k^T'] / times['copy of q']:.2f}")
 
 # %% [markdown]
 # Output:
@@ -486,19 +702,23 @@ print(f"sdpa:   views / contiguous {times['sdpa, views'] / times['sdpa, contiguo
 #   scores, contiguous  «time» ms
 #   sdpa, views         «time» ms
 #   sdpa, contiguous    «time» ms
+#   copy of q           «time» ms
+#   copy of k^T         «time» ms
 # scores: views / contiguous «ratio»
 # sdpa:   views / contiguous «ratio»
+# copies: k^T / q «ratio»
 # ```
 #
-# Timings depend on the machine, hence the placeholders; the tests check the order, not
-# the numbers. On contiguous (B, H, S, D) inputs both reshapes are views, so the scores are
-# one `bmm` and nothing else; on the permuted views, the same product first waits for two
-# copies, and the views are slower (by how much depends on the CPU and on the sizes). The
-# copy of `kᵀ` is the expensive one: the copy of `q` moves whole rows of D neighbouring
-# numbers, the copy of `kᵀ` reads one number at a time, H·D cells apart. SDPA costs about
-# the same either way (the tests allow a factor of 2, for
-# noisy machines): it never copies. A layout has a price only where an op must copy to get
-# the layout it needs, and the profiler is how you find those places.
+# Timings depend on the machine, hence the placeholders; the tests re-measure and check
+# the order, not the numbers. On contiguous (B, H, S, D) inputs both reshapes are views,
+# so the scores are one `bmm` with no copy; on the permuted views, the same product first
+# waits for two copies, and the views are slower (by how much depends on the CPU and on
+# the sizes). The copy of `kᵀ` is the dearer one: the copy of `q` moves whole rows of D
+# neighbouring numbers, the copy of `kᵀ` writes along S what it reads H·D cells apart, one
+# number at a time. SDPA on the views is not slower than on contiguous inputs (the tests
+# allow a factor of 2 either way, for noisy machines): it calls no copy. A layout has a
+# price only where an op must copy to get the layout it needs, and the profiler is how you
+# find those places.
 #
 # The same thing happens on the way back. Attention returns (B, H, S, D); the next linear
 # layer wants (B, S, H·D). nanoGPT writes `y.transpose(1, 2).contiguous().view(B, T, C)`:
@@ -507,15 +727,24 @@ print(f"sdpa:   views / contiguous {times['sdpa, views'] / times['sdpa, contiguo
 
 # %%
 back = qc.transpose(1, 2)  # (B, S, H, D), a view of qc
-print(f"transpose back: contiguous {back.is_contiguous()}")
-merged = back.contiguous().view(B, S, H * D)  # (B, S, H*D)
+print(f"transpose back: contiguous {back.is_contiguous()}  same storage as qc: {same_storage(back, qc)}")
+try:
+    back.view(B, S, H * D)
+except RuntimeError as err:
+    print(f"view without contiguous() failed: {first_sentence(err)}")
+packed = back.contiguous()  # (B, S, H, D), row-major
+merged = packed.view(B, S, H * D)  # (B, S, H*D)
+print(f"contiguous() same storage as qc: {same_storage(packed, qc)}  view same storage: "
+      f"{same_storage(merged, packed)}")
 print(f"merged shape {tuple(merged.shape)}  strides {merged.stride()}  "
       f"equal to proj: {torch.equal(merged, proj)}")
 
 # %% [markdown]
 # Output:
 # ```text
-# transpose back: contiguous False
+# transpose back: contiguous False  same storage as qc: True
+# view without contiguous() failed: view size is not compatible with input tensor's size and stride (at least one dimension spans across two contiguous subspaces)
+# contiguous() same storage as qc: False  view same storage: True
 # merged shape (2, 4, 15)  strides (60, 15, 1)  equal to proj: True
 # ```
 #
@@ -524,7 +753,7 @@ print(f"merged shape {tuple(merged.shape)}  strides {merged.stride()}  "
 # trip exactly: layout changes move numbers, they never change them.
 
 # %% [markdown]
-# ## 7. Picture it: one storage, three readers
+# ## 8. Picture it: one storage, three readers
 #
 # Label every storage cell with its own position, then read it back through a view with
 # the same sizes, strides and offset: each value tells you which cell that index reads.
@@ -602,19 +831,29 @@ print("saved storage_views.png")
 # - A strided tensor = storage + (sizes, strides, storage offset, dtype, device). Element
 #   `index` lives at `offset + sum(index[k] * stride[k])`, in elements; NumPy's byte
 #   strides are those times the itemsize.
-# - Transpose, permute, slicing (with steps), `expand`, and `view` only write a new record:
-#   same storage, no copy, and writes through them reach the base.
+# - The record is a C++ `TensorImpl`; a Python tensor is a handle to it. An in-place op
+#   hands back the same `TensorImpl` and the same Python object; a view is a new
+#   `TensorImpl` over the same storage, sharing the version counter.
+# - Transpose, slicing (with steps), `expand`, `detach` and `view` only write a new record:
+#   same storage, no copy, and writes through them reach the base (an `expand`ed tensor
+#   refuses most in-place writes: its indices share cells).
+# - `._base` is autograd's bookkeeping (the root of a chain of views, `None` for `detach`),
+#   not something to branch on; a view keeps its whole base alive.
 # - A tensor is contiguous when every dimension of size > 1 has the stride a new tensor of
 #   its shape would get (the offset does not matter): read in row-major order, it visits
 #   consecutive storage cells. Reading storage in increasing order is not enough
 #   (`m[:, ::2]`). `view` works only when the new shape can be read with strides (it never
 #   copies); `reshape` copies when it must; `contiguous()` copies unless the tensor already
 #   is contiguous, in which case it returns the tensor itself.
+# - A memory format is a choice of strides for the same shape: `channels_last` stores
+#   (N, C, H, W) with channels innermost. Elementwise ops, convolution and pooling keep it;
+#   `contiguous()`, and some ops (here softmax over channels, layer norm), return row-major.
 # - Attention's (B, S, H, D) → (B, H, S, D) transpose is free, but merging dimensions
 #   afterwards needs a copy, and composite ops make it for you: `q @ kᵀ` on the permuted
 #   views copies both operands on every call, while `F.scaled_dot_product_attention` reads
 #   the views as they are. On a GPU, this lesson's test (`make test-gpu`) repeats the
-#   comparison: the same values, the same two copies, and the copying product slower.
+#   comparison: the same values, the same two copies, and the copying product slower
+#   (written without a GPU at hand: not yet run on one).
 #
 # ## Exercises
 #
