@@ -42,6 +42,7 @@
 import atexit
 import json
 import pathlib
+import pickle
 import re
 import shutil
 import struct
@@ -814,8 +815,46 @@ print(f"after weights_only=False, marker created: {created['weights_only=False']
 # same load ran the code and created the marker: any `torch.load(..., weights_only=False)`
 # of a file from a stranger runs the stranger's code. If you need your own class in a
 # checkpoint, allow exactly it (`torch.serialization.add_safe_globals([...])`), or better,
-# keep checkpoints to tensors and plain values. (DCP's `.metadata` and its non-tensor values
-# are pickles too: load only checkpoints you or your job wrote.)
+# keep checkpoints to tensors and plain values.
+#
+# **Predict.** A DCP checkpoint folder from a stranger: section 1's files, with `.metadata`
+# replaced. `dcp.load` starts by reading `.metadata` (`FileSystemReader.read_metadata`).
+# Does it refuse code the way `weights_only=True` did?
+
+# %%
+stranger = TMP / "stranger"
+shutil.copytree(one, stranger)  # section 1's checkpoint, as if downloaded ...
+dcp_marker = TMP / "pwned_by_dcp.txt"
+
+
+class IndexPayload:
+    def __reduce__(self):
+        return (pathlib.Path.touch, (dcp_marker,))  # unpickling calls dcp_marker.touch()
+
+
+(stranger / ".metadata").write_bytes(pickle.dumps(IndexPayload()))  # ... with its index replaced
+try:
+    dcp.FileSystemReader(stranger).read_metadata()  # the first thing dcp.load(..., stranger) does
+    print("read_metadata: no error")
+except Exception as err:  # noqa: BLE001 - we print which error it is
+    print(f"read_metadata raised {type(err).__name__}")
+dcp_ran = dcp_marker.exists()
+print(f"marker created: {dcp_ran}")
+
+# %% [markdown]
+# Output:
+# ```text
+# read_metadata raised AttributeError
+# marker created: True
+# ```
+#
+# No: DCP reads `.metadata` with plain `pickle.load`, so the file's code ran (the marker
+# exists) and only *then* did something fail, because what it unpickled was not metadata.
+# A malicious file would return real metadata and go unnoticed. DCP's non-tensor values
+# (the learning rate, the step, the scheduler of section 3) are read with
+# `torch.load(..., weights_only=False)` as well; only its tensors go through
+# `weights_only=True`. A checkpoint folder is code: load only checkpoints that you or your
+# own job wrote, and hand out weights in a format without pickles.
 #
 # **Predict.** safetensors stores tensors with no pickle at all. What is in the file?
 
@@ -880,7 +919,8 @@ print(f"load_file gives back the tensors: {all(same(v, tensors[k]) for k, v in l
 #   the folder without `.metadata`, loaded `step_6`, replayed steps 7-9 and ended bitwise
 #   equal to an uninterrupted run.
 # - `torch.save` files are pickles that can run code when loaded; `weights_only=True` (the
-#   default since 2.6) refuses them. safetensors stores a JSON header and raw bytes.
+#   default since 2.6) refuses them. DCP reads `.metadata` with plain `pickle.load`: a
+#   checkpoint folder can run code too. safetensors stores a JSON header and raw bytes.
 #
 # ## Exercises
 #

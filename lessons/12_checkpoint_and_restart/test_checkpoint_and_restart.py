@@ -179,6 +179,10 @@ def test_weights_only_refuses_the_pickle(lesson):
     assert ns["created"] == {"weights_only=True": False, "weights_only=False": True}
 
 
+def test_a_dcp_folder_runs_its_metadata_pickle(lesson):
+    assert lesson.ns["dcp_ran"] is True  # read_metadata unpickled the planted .metadata
+
+
 def test_safetensors_layout(lesson):
     ns = lesson.ns
     raw, header, n = ns["raw"], ns["header"], ns["n"]
