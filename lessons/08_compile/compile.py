@@ -775,8 +775,8 @@ print(f"compiled allclose to eager (1e-5): {same}")
 # Each time is the fastest of several calls (`fastest_ms`): another job on the machine only
 # adds time. The milliseconds move with the machine and its load; read the ratios, and put
 # the two sizes next to the printed cache size: where the last-level cache holds 16 MiB but
-# not 128 MiB (most desktop and server CPUs), the 8 MiB case runs from the cache and the
-# 64 MiB case from main memory.
+# not 128 MiB (32 MiB on the machine this lesson was written on), the 8 MiB case runs from
+# the cache and the 64 MiB case from main memory.
 #
 # - **8 MiB.** Both floors move data at cache speed and cost about the same: `clone`
 #   allocates, but the allocator hands it the block the previous call freed, already

@@ -7,6 +7,7 @@ mode="reduce-overhead" recording and replaying a CUDA graph."""
 
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -242,7 +243,10 @@ def test_past_the_cache(lesson):
     llc = ns["llc_mib"]()
     if 16 < llc < 128:  # 16 MiB in the cache, 128 MiB past it
         assert per_byte["copy_"] > 1.5, per_byte
+    assert small["clone"] < 2 * small["copy_"], small  # in the cache, both floors alike
     if sys.platform == "linux":  # glibc: a 64 MiB block is mapped afresh on every call
+        pages = ns["sizes"]["small"].nbytes / resource.getpagesize()
+        assert faults["small"] < pages / 10, faults  # the freed 8 MiB block is reused
         assert faults["large"] >= 10 and faults["large"] > faults["small"]
         assert large["clone"] > 2 * large["copy_"], large
         assert large["compiled"] > 2 * large["copy_"], large
