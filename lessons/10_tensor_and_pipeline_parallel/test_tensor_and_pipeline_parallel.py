@@ -31,20 +31,20 @@ def gaps(text_lines):
     return found
 
 
-def test_script_outputs(lesson):
-    lesson.check()
-
-
-def test_notebook_outputs(lesson_notebook):
-    lesson_notebook.check()
-
-
 def test_launch_succeeded(lesson):
     run = lesson.ns["run"]
     assert run.ok and sorted(run.out) == [0, 1], run.describe()  # ok: exit 0, not timed out
     for rank in (0, 1):
         assert "Traceback" not in run.err[rank], run.err[rank]
         assert "Warning" not in run.err[rank], run.err[rank]  # e.g. the backward-hook warning
+
+
+def test_script_outputs(lesson):
+    lesson.check()
+
+
+def test_notebook_outputs(lesson_notebook):
+    lesson_notebook.check()
 
 
 def test_tp_shards_dim0_then_dim1(lesson):

@@ -23,14 +23,6 @@ HERE = Path(__file__).parent
 WORKER = HERE / "worker.py"
 
 
-def test_script_outputs(lesson):
-    lesson.check()
-
-
-def test_notebook_outputs(lesson_notebook):
-    lesson_notebook.check()
-
-
 def test_single_process_restore_is_bitwise(lesson):
     ns = lesson.ns
     assert torch.equal(ns["loss2"], ns["loss2_restored"])  # rtol=0, atol=0
@@ -42,6 +34,14 @@ def test_single_process_restore_is_bitwise(lesson):
         assert fresh_optim.state[q]["step"].item() == 2
     # the restore really overwrote other weights: seed 1's model differs from seed 0's
     assert not torch.equal(ns["tiny"](1)[0].weight, ns["tiny"](0)[0].weight)
+
+
+def test_script_outputs(lesson):
+    lesson.check()
+
+
+def test_notebook_outputs(lesson_notebook):
+    lesson_notebook.check()
 
 
 def test_metadata_lists_model_and_optimizer(lesson):
