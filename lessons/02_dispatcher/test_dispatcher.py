@@ -44,6 +44,25 @@ def test_schemas_annotate_aliasing(lesson):
     out = next(a for a in add_out.arguments if a.name == "out")
     assert out.kwarg_only and out.alias_info.is_write
     assert add_out.arguments[0].alias_info is None  # the inputs of add.out are only read
+    nll = torch.ops.aten.nll_loss_forward.default._schema  # section 4: "also returns the total weight"
+    assert [r.name for r in nll.returns] == ["output", "total_weight"]
+
+
+def test_schemas_and_kernels_come_from_torchgen(lesson):
+    """The yaml's func: line is the schema PyTorch reports, for mul and for other ops; the CPU
+    and autograd kernels are registered by generated files, the vmap rule by a hand-written one."""
+    ns = lesson.ns
+    yaml_entry, native = ns["yaml_entry"], ns["TORCHGEN"] / "ATen/native/native_functions.yaml"
+    for name, op in [("mul.Tensor", torch.ops.aten.mul.Tensor), ("mm", torch.ops.aten.mm.default),
+                     ("add_.Tensor", torch.ops.aten.add_.Tensor), ("transpose.int", torch.ops.aten.transpose.int)]:
+        assert "aten::" + yaml_entry(native, name)[0].removeprefix("func: ") == str(op._schema), name
+    assert "structured_delegate: mul.out" in ns["native"]
+    assert ns["out_variant"][0].startswith("func: mul.out(") and "CPU, CUDA, MPS, MTIA: mul_out" in ns["out_variant"]
+    assert [g.split(":")[0] for g in ns["grads"][1:3]] == ["self", "other"]
+    files = ns["kernel_files"]("aten::mul.Tensor")
+    assert files["CPU"] == ("RegisterCPU.cpp", True) and files["Autograd[alias]"] == ("VariableType.cpp", True)
+    assert files["FuncTorchBatched"] == ("BatchRulesBinaryOps.cpp", False)
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::mul.Tensor", "CPU")
 
 
 def test_spellings_reach_the_same_overload(lesson):
@@ -76,8 +95,12 @@ def test_inference_mode_per_tensor_kind(lesson):
     """What the prose says inference_mode does, per tensor kind, re-measured here."""
     ns = lesson.ns
     off = ns["off"]
-    assert off["no mode"] == off["no_grad"] == {"Autograd": False, "ADInplaceOrView": False}
-    assert off["inference_mode"] == {"Autograd": True, "ADInplaceOrView": False}
+    assert off["no mode"] == off["no_grad"] == {"Autograd": False, "ADInplaceOrView": False, "AutocastCPU": True}
+    assert off["autocast"] == {"Autograd": False, "ADInplaceOrView": False, "AutocastCPU": False}
+    assert off["inference_mode"] == {"Autograd": True, "ADInplaceOrView": False, "AutocastCPU": True}
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the switch, seen on a real call
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
     assert ns["rows"]["ordinary t"] == ("0 -> 1", True, False, True)
     assert ns["rows"]["inference i"] == ("no counter", False, True, True)
     leaf = ns["leaf"]
@@ -144,6 +167,53 @@ def test_profiler_shows_the_observer_effect(lesson):
     assert torch.equal(w1.grad, w2.grad)
 
 
+def test_shallow_copy_calls_detach_only_under_a_mode(lesson):
+    ns = lesson.ns
+    assert ns["no_mode_ops"] == [] and ns["data_log"].names() == ["aten.detach.default"]
+    t = torch.ones(2)
+    with ns["OpLog"]() as log:
+        t.detach()  # an explicit detach is an op either way
+        t.data
+    assert log.names() == ["aten.detach.default"] * 2
+
+
+def test_more_layers(lesson):
+    """Section 6's table re-run: what bump sees and which calls reach the mode below."""
+    ns = lesson.ns
+    rows = {}
+    for name, fn in ns["layered"].items():
+        ns["seen"] = []  # bump appends to the lesson's global `seen`
+        with ns["OpLog"]() as log:
+            with ns["FakeTensorMode"]() if name == "fake" else ns["contextlib"].nullcontext():
+                fn(torch.zeros(2, 3))
+        kind, shape, keys = ns["seen"][0]
+        calls = [str(f) for f, _, _ in log.calls if "zeros" not in str(f)]
+        rows[name] = (kind, shape, keys - ns["PLAIN_KEYS"], calls)
+    assert rows["plain"] == ("Tensor", (2, 3), set(), ["aten.add_.Tensor", "aten.mul.Tensor"])
+    assert rows["vmap"] == ("Tensor", (3,), {"FuncTorchBatched"}, ["aten.add_.Tensor", "aten.mul.Tensor"])
+    assert rows["functionalize"] == ("Tensor", (2, 3), {"Functionalize"},
+                                     ["aten.add.Tensor", "aten.mul.Tensor", "aten.copy_.default"])
+    assert rows["fake"][:3] == ("FakeTensor", (2, 3), {"Python", "PythonTLSSnapshot"})
+    x = torch.zeros(2, 3)  # the layers keep the meaning: the input is bumped, the result doubled
+    out = ns["layered"]["functionalize"](x)
+    assert torch.equal(x, torch.ones(2, 3)) and torch.equal(out, 2 * torch.ones(2, 3))
+    assert ns["fake_t"].device.type == "cpu" and ns["fake_t"].untyped_storage().device.type == "meta"
+
+
+def test_functionalized_graphs(lesson):
+    ns = lesson.ns
+    ns["seen"] = []
+    targets = lambda gm: [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]  # noqa: E731
+    assert targets(make_fx(ns["bump"])(torch.zeros(3))) == ["aten.add_.Tensor", "aten.mul.Tensor"]
+    functional = make_fx(torch.func.functionalize(ns["bump"]))(torch.zeros(3))
+    assert targets(functional) == ["aten.add.Tensor", "aten.mul.Tensor", "aten.copy_.default"]
+    compiled = ns["captured"][0]
+    assert targets(compiled) == ["aten.add.Tensor", "aten.mul.Tensor"]  # no mutation at all
+    output = next(n for n in compiled.graph.nodes if n.op == "output")
+    assert [a.name for a in output.args[0]] == ["add", "mul"]  # the input's new value comes out
+    assert ns["u"].tolist() == [1.0] * 3 and ns["doubled"].tolist() == [2.0] * 3
+
+
 def test_meta_tensors(lesson):
     ns = lesson.ns
     big, mlp, out = ns["big"], ns["mlp"], ns["out"]
@@ -169,9 +239,20 @@ def test_custom_op_stride_contract(lesson):
         fake_strides[name] = first.meta["val"].stride()
     assert fake_strides == {"bad": (a.shape[1], 1), "good": (1, a.shape[0])}
     assert torch.equal(ns["eager"], (2 * a).reshape(-1))
-    with pytest.raises(RuntimeError, match="view size is not compatible"):
+    with pytest.raises(RuntimeError, match=r"view size is not compatible(?s:.*)Use \.reshape\(\.\.\.\) instead"):
         torch.compile(ns["flat_bad"], backend="aot_eager")(a)
     assert torch.equal(torch.compile(ns["flat_good"], backend="aot_eager")(a), (2 * a).reshape(-1))
+
+
+def test_a_second_registration_replaces_the_op(lesson):
+    """The prose: re-running the cell (custom_op with the same name) replaces the op and its
+    fake. A name of the test's own, so the lesson's ops stay as they are."""
+    define, a = lesson.ns["define_double"], lesson.ns["a"]
+    for honest in (False, True):
+        op = define("test_twice", honest=honest)
+        fake = next(n for n in make_fx(op, tracing_mode="fake")(a).graph.nodes if n.op == "call_function")
+        assert fake.meta["val"].stride() == ((1, a.shape[0]) if honest else (a.shape[1], 1))
+    assert torch.equal(torch.ops.course02.test_twice(a), 2 * a)
 
 
 def test_opcheck_catches_the_careless_fake(lesson):
