@@ -155,9 +155,9 @@ def kernel_files(op):
     """{dispatch key: source file} of the kernels registered for `op`, shard numbers dropped."""
     files = {}
     for line in torch._C._dispatch_dump(op).splitlines():  # 'CPU: registered at <path>:<line> :: ...'
-        key, _, rest = line.partition(": registered at ")
-        if rest:
-            path = rest.split(":")[0]
+        found = re.match(r"(\S+): registered at (.+):\d+ ::", line)
+        if found:
+            key, path = found[1], found[2].replace("\\", "/")
             generated = "/build/" in path or "/generated/" in path  # torchgen writes there
             files[key] = (re.sub(r"_\d+\.cpp$", ".cpp", path.split("/")[-1]), generated)
     return files
@@ -215,7 +215,8 @@ for key in ("CPU", "Autograd[alias]", "FuncTorchBatched"):
 # at the top, records each call with its input and output shapes.
 #
 # **Predict.** `torch.mm(x, w)`, `x @ w` and `torch.matmul(x, w)` give the same numbers.
-# Do they run the same ATen op? And `F.linear(x, w.t())`, which computes `x @ w` too?
+# Do they run the same ATen op? And `F.linear(x, w.t())`, which computes `x @ w` too? We
+# ask the mode and, for comparison, the profiler (its top-level calls).
 
 # %%
 x = torch.randn(2, 3, device=DEVICE)  # (2, 3)
@@ -226,22 +227,33 @@ spellings = {
     "torch.matmul(x, w)": lambda: torch.matmul(x, w),
     "F.linear(x, w.t())": lambda: F.linear(x, w.t()),
 }
+
+
+def top_level_ops(fn):
+    """The ATen ops the profiler records at the top level (called from Python) when fn runs."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.name for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None]
+
+
 for name, fn in spellings.items():
     with OpLog() as log:
         fn()
-    print(f"{name:<19} -> {', '.join(log.names())}")
+    print(f"{name:<19} -> mode sees {', '.join(log.names()):<48} profiler: {', '.join(top_level_ops(fn))}")
 
 # %% [markdown]
 # Output:
 # ```text
-# torch.mm(x, w)      -> aten.mm.default
-# x @ w               -> aten.mm.default
-# torch.matmul(x, w)  -> aten.mm.default
-# F.linear(x, w.t())  -> aten.t.default, aten.t.default, aten.mm.default
+# torch.mm(x, w)      -> mode sees aten.mm.default                                  profiler: aten::mm
+# x @ w               -> mode sees aten.mm.default                                  profiler: aten::matmul
+# torch.matmul(x, w)  -> mode sees aten.mm.default                                  profiler: aten::matmul
+# F.linear(x, w.t())  -> mode sees aten.t.default, aten.t.default, aten.mm.default  profiler: aten::t, aten::linear
 # ```
 #
-# `x @ w` calls `Tensor.__matmul__`, which is `aten::matmul`. But `matmul` never reaches the
-# mode: it is a *composite* op, written in C++ in terms of other ATen ops, and it decides
+# The profiler (which records every operator call that goes through the dispatcher) shows
+# what Python called: `x @ w` calls `Tensor.__matmul__`, which is `aten::matmul`, and
+# `F.linear` is `aten::linear`. But `matmul` never reaches the mode: it is a *composite*
+# op, written in C++ in terms of other ATen ops, and it decides
 # from the shapes (2-D @ 2-D) to call `aten::mm`. So three spellings end in the same
 # overload, `aten.mm.default`. `F.linear` is composite too: with no bias it transposes its
 # weight (our `w.t()` is transposed back, two `t` views, no copy) and calls `mm`. A mode

@@ -75,6 +75,9 @@ def test_spellings_reach_the_same_overload(lesson):
     assert logs["torch.mm(x, w)"] == logs["x @ w"] == logs["torch.matmul(x, w)"] == ["aten.mm.default"]
     assert logs["F.linear(x, w.t())"][-1] == "aten.mm.default"
     assert "aten.matmul.default" not in sum(logs.values(), [])  # composites never reach a mode
+    top = {name: ns["top_level_ops"](fn) for name, fn in ns["spellings"].items()}  # ...the profiler sees them
+    assert top == {"torch.mm(x, w)": ["aten::mm"], "x @ w": ["aten::matmul"],
+                   "torch.matmul(x, w)": ["aten::matmul"], "F.linear(x, w.t())": ["aten::t", "aten::linear"]}
 
 
 def test_dispatch_keys_and_grad_modes(lesson):
