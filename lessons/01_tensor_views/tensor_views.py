@@ -177,10 +177,11 @@ print(f"{'call':<11} {'same object':<12} {'same TensorImpl':<16} same storage")
 for name, u in results.items():
     print(f"{name:<11} {u is t!s:<12} {same_impl(u, t)!s:<16} {same_storage(u, t)}")
 print(f"t.add_(1).note: {results['t.add_(1)'].note!r}")
-before = (tuple(t.shape), t.stride())
+before = (tuple(t.shape), t.stride(), t.untyped_storage().data_ptr())
 t.t_()  # (3, 2): an in-place transpose
 print(f"t.t_(): shape {before[0]} -> {tuple(t.shape)}, strides {before[1]} -> {t.stride()}, "
-      f"same TensorImpl: {same_impl(t, results['t.add_(1)'])}")
+      f"same TensorImpl: {same_impl(t, results['t.add_(1)'])}, "
+      f"same storage: {t.untyped_storage().data_ptr() == before[2]}")
 d, version = results["t.detach()"], t._version
 d.add_(1)  # a write through the detached tensor
 print(f"t._version {version} -> {t._version} after d.add_(1) on d = t.detach()")
@@ -194,7 +195,7 @@ print(f"t._version {version} -> {t._version} after d.add_(1) on d = t.detach()")
 # t.detach()  False        False            True
 # t.clone()   False        False            False
 # t.add_(1).note: 'set in Python'
-# t.t_(): shape (2, 3) -> (3, 2), strides (3, 1) -> (1, 3), same TensorImpl: True
+# t.t_(): shape (2, 3) -> (3, 2), strides (3, 1) -> (1, 3), same TensorImpl: True, same storage: True
 # t._version 2 -> 3 after d.add_(1) on d = t.detach()
 # ```
 #
@@ -202,9 +203,10 @@ print(f"t._version {version} -> {t._version} after d.add_(1) on d = t.detach()")
 # per `TensorImpl`, so `t.add_(1)` is `t`, attribute included. `t.t()` and `t.detach()`
 # are new records over the same storage (one more handle each, no numbers copied), and
 # `t.clone()` is a new record over new storage. `t.t_()` rewrites `t`'s own record: same
-# `TensorImpl`, new sizes and strides, not one number moved. The version counter is shared
-# too: a write through `d` counts as a write to `t`, which is how autograd notices writes
-# through a `detach()`ed alias (lesson 03).
+# `TensorImpl`, new sizes and strides, same storage. The version counter is shared too: a
+# write through `d` counts as a write to `t` (which already stood at 2: `add_` and `t_()`
+# each counted as one), and that is how autograd notices writes through a `detach()`ed
+# alias (lesson 03).
 
 # %% [markdown]
 # ## 3. A slice is a view with an offset
