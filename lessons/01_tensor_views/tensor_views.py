@@ -459,8 +459,9 @@ img = torch.randn(2, 3, 4, 5, device=DEVICE)  # (N, C, H, W)
 cl = img.to(memory_format=torch.channels_last)  # (N, C, H, W), channels innermost in memory
 print(f"img shape {tuple(img.shape)}  strides {img.stride()}")
 print(f"cl  shape {tuple(cl.shape)}  strides {cl.stride()}  same storage: {same_storage(cl, img)}")
+in_own_format = cl.is_contiguous(memory_format=torch.channels_last)
 print(f"cl.is_contiguous() {cl.is_contiguous()}  "
-      f"cl.is_contiguous(memory_format=torch.channels_last) {cl.is_contiguous(memory_format=torch.channels_last)}")
+      f"cl.is_contiguous(memory_format=torch.channels_last) {in_own_format}")
 print(f"equal values: {torch.equal(cl, img)}")
 
 # %% [markdown]
