@@ -1,0 +1,822 @@
+# %% [markdown]
+# # 14 · Capstone: train a small GPT with everything the course taught
+#
+# The course took PyTorch apart: tensors and views, the dispatcher, autograd, modules and
+# data, precision, timing, attention, the compiler, collectives, FSDP2, checkpoints. This
+# lesson puts the pieces back together and trains a model end to end: a small decoder-only
+# transformer learns to reverse a string of digits, and we check it the way the course
+# checks everything, by printing and asserting what happened.
+#
+# **What you will learn**
+#
+# - how a task made by the course (`data/reversal.csv`) becomes tokens, inputs and targets,
+#   with a held-out split the model never trains on, and why exact match is a better
+#   measure than the loss;
+# - a GPT in about 60 lines (`gpt.py`): pre-norm blocks, causal attention through SDPA,
+#   tied embeddings, with the habits of lessons 01-08 (shapes, seeds, one thread);
+# - the same run in five stages: (1) eager float32, (2) `torch.compile`, (3) bf16 autocast,
+#   (4) two ranks with FSDP2, DCP checkpoints and a rank killed by the parent and restarted
+#   by torchrun, (5) a profiler trace of one step and its MFU;
+# - what each stage changes and what it must not change, each as a printed, asserted line.
+#
+# **Prerequisites:** the whole course; most directly lessons 03 (autograd), 05 (bf16 and
+# autocast), 06 (profiler, FLOPs, MFU), 07 (SDPA), 08 (`torch.compile`), 11 (FSDP2) and 12
+# (DCP, the restart drill). The 2-rank stage uses the course's multi-rank kit,
+# `lessons/multirank.py` (lesson 09).
+#
+# **How to run:** `python lessons/14_capstone/capstone.py` or `make lesson N=14` from the
+# repository root, or open `capstone.ipynb`. The model, the data and the training step live
+# in `gpt.py` next to this file, because the 2-rank stage's ranks (`worker.py`) import the
+# very same definitions; read it first, it is short. The script needs well under a minute
+# when the Inductor cache is warm; the first `torch.compile` on a machine compiles C++
+# kernels and adds from about 15 s on an idle machine to a minute on a busy one. Each
+# printing cell is followed by an *Output* block: what it printed with the pinned PyTorch
+# (2.13.0), checked by `make test`.
+
+# %%
+import atexit
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils.flop_counter import FlopCounterMode
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # one thread: reproducible runs; the ranks get one each too
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit (lesson 09)
+sys.path.insert(0, str(HERE))  # this folder: gpt.py
+import gpt  # noqa: E402
+from multirank import launch, section  # noqa: E402
+
+WORKER = HERE / "worker.py"
+STEPS, EVAL_EVERY = 150, 5  # stage 1: training steps; held-out evaluation every 5 steps
+SHORT = 40  # stages 2 and 4 train the first 40 steps again (stage 3: BF16_STEPS)
+BF16_STEPS = 30  # bf16 matmuls are slow on CPUs without bf16 instructions: keep it short
+THRESHOLD = 0.95  # held-out exact match the run must reach, on any CPU
+
+
+# %% [markdown]
+# ## 1. The task: reverse six digits
+#
+# `data/reversal.csv` is made by `scripts/make_reversal.py` with a fixed seed (nothing is
+# downloaded): each example is six random digits, `>`, and the same digits reversed. The
+# model sees the first seven characters and must write the last six. 2,000 examples are for
+# training and 500 are *held out*: the model never trains on them, so getting them right
+# means it learned the rule rather than the examples.
+#
+# Tokens are characters: `0`-`9` are tokens 0-9 and `>` is token 10. A decoder-only model
+# predicts every next character at once: the input is characters 1-12, the target
+# characters 2-13. The first six targets are digits of the prompt, random and unpredictable,
+# so they are set to `-100`, the `ignore_index` of `cross_entropy`: the loss counts the six
+# answer characters only.
+#
+# **Predict.** How many of the 500 held-out strings also appear in the training set? What
+# loss does a model that guesses uniformly among the 11 characters have?
+
+# %%
+data = gpt.load()
+TRAIN, HELD = data["train"], data["heldout"]  # (2000, 13), (500, 13) int64
+texts = {split: {gpt.decode(row) for row in rows} for split, rows in data.items()}
+print(f"train {len(TRAIN)} examples, held-out {len(HELD)}, {TRAIN.shape[1]} characters each")
+print(f"strings in both splits: {len(texts['train'] & texts['heldout'])}")
+print(f"example: {gpt.decode(TRAIN[0])} -> tokens {TRAIN[0].tolist()}")
+x0, y0 = gpt.split(TRAIN[:1])  # (1, 12) each
+print(f"input  {gpt.decode(x0[0])}")
+print(f"target {''.join('.' if t == gpt.IGNORE else gpt.VOCAB[t] for t in y0[0].tolist())}  (. = {gpt.IGNORE}: ignored)")
+print(f"uniform guess: loss ln 11 = {math.log(11):.3f}")
+
+# %% [markdown]
+# Output:
+# ```text
+# train 2000 examples, held-out 500, 13 characters each
+# strings in both splits: 0
+# example: 449480>084944 -> tokens [4, 4, 9, 4, 8, 0, 10, 0, 8, 4, 9, 4, 4]
+# input  449480>08494
+# target ......084944  (. = -100: ignored)
+# uniform guess: loss ln 11 = 2.398
+# ```
+#
+# The split is clean: no held-out string is in the training set. The target is the input
+# shifted by one character, with the prompt's part masked: position 7 of the input (`>`)
+# must predict the first answer digit, which is the *last* prompt digit, and so on. A
+# model with no idea guesses each of the 11 characters with probability 1/11 and pays
+# ln 11 per answer character.
+
+# %% [markdown]
+# ## 2. The model
+#
+# `gpt.GPT` is a decoder-only transformer of the kind lessons 07 and 11 used:
+#
+# - a token embedding (11 × 32) and a learned position embedding (12 × 32), added;
+# - 2 **pre-norm** blocks: `x + attention(LayerNorm(x))`, then `x + MLP(LayerNorm(x))`;
+#   the residual stream `x` is never normalised itself, which keeps deep stacks trainable;
+# - attention with 4 heads of 8 dimensions through `F.scaled_dot_product_attention(...,
+#   is_causal=True)` (lesson 07): position i attends to positions 0..i only;
+# - a final LayerNorm and the output layer **tied** to the token embedding: logits are
+#   `F.linear(x, tok.weight)`, the same 11 × 32 matrix that embeds the characters, so the
+#   model has no separate output matrix.
+#
+# The embeddings start small (standard deviation 0.02), so the first logits are near zero.
+#
+# **Predict.** How many parameters? What is the first loss on the held-out set? If we change
+# the answer characters of an input, do the logits at the positions before them change?
+
+# %%
+model = gpt.build(seed=0)
+parts = {"tok": model.tok, "pos": model.pos, "blocks.0": model.blocks[0],
+         "blocks.1": model.blocks[1], "norm": model.norm}
+for name, part in parts.items():
+    print(f"{name:9} {sum(p.numel() for p in part.parameters()):6,} parameters")
+print(f"total     {sum(p.numel() for p in model.parameters()):6,} (the output layer is tok.weight: 0 more)")
+x, y = gpt.split(HELD)  # (500, 12) each
+with torch.no_grad():
+    logits = model(x)  # (500, 12, 11)
+    print(f"logits {tuple(logits.shape)} {logits.dtype}; first held-out loss {gpt.loss_fn(model, HELD).item():.2f}")
+    changed = x.clone()
+    changed[:, 7:] = (changed[:, 7:] + 1) % 10  # other answer digits
+    same = torch.equal(model(changed)[:, :7], logits[:, :7])
+print(f"positions 0-6 unchanged when the answer's characters change: {same}")
+
+# %% [markdown]
+# Output:
+# ```text
+# tok          352 parameters
+# pos          384 parameters
+# blocks.0  12,704 parameters
+# blocks.1  12,704 parameters
+# norm          64 parameters
+# total     26,208 (the output layer is tok.weight: 0 more)
+# logits (500, 12, 11) torch.float32; first held-out loss 2.41
+# positions 0-6 unchanged when the answer's characters change: True
+# ```
+#
+# 26,208 parameters, nearly all in the two blocks' four linear layers (3,072 + 1,024 +
+# 4,096 + 4,096 weights each, plus biases and LayerNorms). The first loss is close to the
+# uniform guess's ln 11: small embeddings give near-zero logits. And the mask works: the
+# logits of positions 0-6 are bitwise the same whatever follows them, because
+# `is_causal=True` keeps every query from looking at later keys.
+
+# %% [markdown]
+# ## 3. Stage 1: eager, float32
+#
+# The training loop is lesson 04's: for each step, a batch, `zero_grad`, loss, `backward`,
+# `AdamW.step` (learning rate 3e-3, no weight decay), all in `gpt.train_step`. The batch of
+# step s is 64 rows drawn by `gpt.batch_rows(s)`, a generator seeded with s: the data order
+# is a function of the step, which stage 4's restart will rely on. Every 5 steps we measure
+# the held-out loss and the **exact match**: the share of held-out strings whose six answer
+# digits are all the model's top choice.
+#
+# Exact match needs one forward pass, not six: given the true prefix, the model's top
+# choice at every answer position is what greedy decoding would write, *if* all earlier
+# choices were right; and if one is wrong the example fails either way. We check that
+# claim against real greedy decoding below.
+#
+# **Predict.** The loss starts at ln 11 = 2.398. When does exact match leave zero: as soon
+# as the loss falls, or later?
+
+
+# %%
+def train(model, opt, steps, every=0, bf16=False, evaluate=None):
+    """Steps 1..steps on gpt.batch_rows(step): per-step loss and seconds, and every `every`
+    steps {step: (held-out loss, exact match)} measured with `evaluate` (default: model)."""
+    log = {"loss": [], "seconds": [], "eval": {}}
+    evaluate = evaluate or model
+    for step in range(1, steps + 1):
+        seq = TRAIN[gpt.batch_rows(step, len(TRAIN))]  # (64, 13)
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            loss = gpt.train_step(model, opt, seq)
+        log["seconds"].append(time.perf_counter() - start)
+        log["loss"].append(loss.item())
+        if every and step % every == 0:
+            with torch.no_grad():
+                log["eval"][step] = (gpt.loss_fn(evaluate, HELD).item(), gpt.exact_match(evaluate, HELD))
+    return log
+
+
+model = gpt.build(seed=0)
+eager = train(model, gpt.optimizer(model), STEPS, every=EVAL_EVERY)
+first_right = min(s for s, (_, acc) in eager["eval"].items() if acc > 0)
+print(f"{STEPS} steps: median step {statistics.median(eager['seconds']) * 1e3:.1f} ms")
+print(f"train loss: step 1 {eager['loss'][0]:.3f}, step 20 {eager['loss'][19]:.2f}, step 40 {eager['loss'][39]:.1f}")
+print(f"first held-out evaluation with an exact match above 0: step {first_right}")
+for step in (first_right, 40, STEPS):
+    held_loss, acc = eager["eval"][step]
+    print(f"step {step:3d}: held-out loss {held_loss:.3f}, exact match {acc:.1%}")
+
+# %% [markdown]
+# Output:
+# ```text
+# 150 steps: median step «time» ms
+# train loss: step 1 2.407, step 20 1.75, step 40 0.5
+# first held-out evaluation with an exact match above 0: step 15
+# step  15: held-out loss 1.952, exact match 0.2%
+# step  40: held-out loss 0.471, exact match 99.8%
+# step 150: held-out loss 0.009, exact match 100.0%
+# ```
+
+# %% [markdown]
+# **Predict.** Greedy decoding writes six characters one after another, each fed back as
+# input. Does it get exactly the held-out strings right that the one-pass check counted?
+
+# %%
+greedy = gpt.generate(model, HELD[:, :gpt.DIGITS + 1])  # (500, 13): prompt + 6 greedy characters
+right = (greedy == HELD).all(dim=1)  # (500,)
+x, _ = gpt.split(HELD)
+with torch.no_grad():
+    one_pass = (model(x)[:, gpt.DIGITS:].argmax(-1) == HELD[:, gpt.DIGITS + 1:]).all(dim=1)
+accuracy = right.float().mean().item()
+print(f"greedy decoding: {int(right.sum())} of {len(HELD)} held-out strings right")
+print(f"the same strings as the one-pass check: {torch.equal(right, one_pass)}")
+print(f"held-out exact match at least {THRESHOLD:.0%}: {accuracy >= THRESHOLD}")
+
+# %% [markdown]
+# Output:
+# ```text
+# greedy decoding: 500 of 500 held-out strings right
+# the same strings as the one-pass check: True
+# held-out exact match at least 95%: True
+# ```
+#
+# The loss falls from the first steps, but exact match stays at zero for a while: six
+# characters must *all* be right, and while each is right with probability p < 1, an
+# example is right with roughly p⁶. Once the model has found which input position each answer
+# position must copy, exact match climbs to the end within a few evaluations, and the loss
+# keeps falling after that: the model grows more confident in answers it already gets
+# right. The losses are printed to the digits that every CPU prints (the course's rule: the
+# last digits depend on the CPU's vector instructions, and training amplifies them); the
+# step time depends on the machine and its load.
+#
+# The one-pass check and greedy decoding agree string for string, as argued above. This
+# is the lesson's end result: the model reverses strings it has never seen, and the test
+# asserts the bound on every CPU, not a digit string.
+
+# %% [markdown]
+# ## 4. Stage 2: `torch.compile`
+#
+# Lesson 08 showed what the compiler does with a function; here it compiles the model.
+# `torch.compile(model)` returns a wrapper that shares the model's parameters: the
+# optimizer is made on them as before. The first call traces `forward` with Dynamo, and
+# AOTAutograd derives the backward graph from it, so *both* directions run as Inductor's
+# C++ kernels; later calls reuse them while the guards hold (same shapes, same dtypes).
+#
+# **Predict.** Same initial weights, same batches, 40 steps: are the compiled run's losses
+# equal to eager's bit for bit? Is a compiled step faster on this small model?
+
+# %%
+graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+compiled_model = gpt.build(seed=0)
+compiled = torch.compile(compiled_model)  # shares compiled_model's parameters
+comp = train(compiled, gpt.optimizer(compiled_model), SHORT)
+breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+gap_compiled = max(abs(a - b) for a, b in zip(comp["loss"], eager["loss"]))
+eager_ms = statistics.median(eager["seconds"][5:SHORT]) * 1e3
+compiled_ms = statistics.median(comp["seconds"][5:]) * 1e3
+print(f"first compiled step (trace, compile forward and backward): {comp['seconds'][0]:.1f} s")
+print(f"graphs compiled: {torch._dynamo.utils.counters['stats']['unique_graphs'] - graphs}, graph breaks: {breaks}")
+print(f"losses of steps 1-{SHORT}: bitwise equal to eager {comp['loss'] == eager['loss'][:SHORT]}, "
+      f"max gap {gap_compiled:.1e}, below 1e-4: {gap_compiled < 1e-4}")
+print(f"median step: eager {eager_ms:.1f} ms, compiled {compiled_ms:.1f} ms, compiled/eager {compiled_ms / eager_ms:.2f}")
+
+# %% [markdown]
+# Output:
+# ```text
+# first compiled step (trace, compile forward and backward): «time» s
+# graphs compiled: 1, graph breaks: 0
+# losses of steps 1-40: bitwise equal to eager False, max gap «number», below 1e-4: True
+# median step: eager «time» ms, compiled «time» ms, compiled/eager «ratio»
+# ```
+#
+# One graph, no break: the model is plain tensor code. The losses are *not* bitwise
+# equal, and must not be expected to be: Inductor fuses the LayerNorms, the GELU and the
+# bias adds into loops of its own, which round in another order than ATen's kernels. The
+# gap is printed against a bound, 1e-4: far below the losses themselves (2.4 down to 0.5
+# in these steps) and far above float32's rounding step near 1 (1.2e-7); its digits
+# differ from CPU to CPU. That is the tolerance to assert, "rounding-level", not "equal":
+# a compiler bug would show as a gap of the order of the loss itself.
+#
+# The speed ratio is this machine's. On this model, 64 × 12 tokens of width 32, a step is
+# mostly the fixed cost of about 1,400 small ATen calls (stage 5 counts them); compiling
+# replaces many of them with fused loops, which may or may not be faster on a given CPU.
+# The first step paid for the compile: with a cold Inductor cache it writes and compiles
+# C++ files, a warm cache loads them.
+
+# %% [markdown]
+# ## 5. Stage 3: bf16 autocast
+#
+# Lesson 05's autocast runs selected ops in bfloat16 (8 significant bits instead of 24):
+# on the CPU, linear layers, matmuls and SDPA; cross-entropy is on its float32 list. The
+# parameters, their gradients and AdamW's moments stay float32 (the *master* copy):
+# autocast casts a weight to bf16 each time an op uses it.
+#
+# **Predict.** Which of these are bf16 inside the autocast region: the token embedding's
+# output, the first LayerNorm's output, the qkv projection, the block's output (the
+# residual stream), the logits, the loss? Do the losses of 30 steps match float32's?
+
+
+# %%
+def dtypes_in_one_step(model):
+    """The dtype of what each watched module returns, the loss, a gradient and AdamW's
+    moment, for one bf16-autocast training step."""
+    seen, opt = {}, gpt.optimizer(model)
+    watch = {"tok": model.tok, "blocks.0.norm1": model.blocks[0].norm1, "blocks.0.qkv": model.blocks[0].qkv,
+             "blocks.0 (residual stream)": model.blocks[0], "model (logits)": model}
+
+    def note(name):
+        def hook(module, args, out):  # returns None: the output is left as it is
+            seen[name] = out.dtype
+        return hook
+
+    hooks = [m.register_forward_hook(note(name)) for name, m in watch.items()]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = gpt.train_step(model, opt, TRAIN[gpt.batch_rows(1, len(TRAIN))])
+    for hook in hooks:
+        hook.remove()
+    weight = model.blocks[0].qkv.weight
+    return seen | {"loss": loss.dtype, "qkv weight": weight.dtype, "qkv weight's gradient": weight.grad.dtype,
+                   "AdamW exp_avg": opt.state[weight]["exp_avg"].dtype}
+
+
+for name, dtype in dtypes_in_one_step(gpt.build(seed=0)).items():
+    print(f"{name:28} {dtype}")
+bf16_model = gpt.build(seed=0)
+low = train(bf16_model, gpt.optimizer(bf16_model), BF16_STEPS, bf16=True)
+gap_bf16 = max(abs(a - b) for a, b in zip(low["loss"], eager["loss"]))
+print(f"losses of steps 1-{BF16_STEPS}: bitwise equal to float32 {low['loss'] == eager['loss'][:BF16_STEPS]}, "
+      f"max gap {gap_bf16:.3f}, below 0.05: {gap_bf16 < 0.05}")
+bf16_ms = statistics.median(low["seconds"][5:]) * 1e3
+print(f"median step: float32 {eager_ms:.1f} ms, bf16 autocast {bf16_ms:.1f} ms, bf16/float32 {bf16_ms / eager_ms:.2f}")
+
+# %% [markdown]
+# Output:
+# ```text
+# tok                          torch.float32
+# blocks.0.norm1               torch.float32
+# blocks.0.qkv                 torch.bfloat16
+# blocks.0 (residual stream)   torch.float32
+# model (logits)               torch.bfloat16
+# loss                         torch.float32
+# qkv weight                   torch.float32
+# qkv weight's gradient        torch.float32
+# AdamW exp_avg                torch.float32
+# losses of steps 1-30: bitwise equal to float32 False, max gap «number», below 0.05: True
+# median step: float32 «time» ms, bf16 autocast «time» ms, bf16/float32 «ratio»
+# ```
+#
+# What changes: the linear layers' outputs are bf16 (the qkv projection's and the logits
+# above), so the queries, keys and values, the attention, the MLP's activations and the
+# logits carry 8 significant bits, and the losses differ from float32's by a gap of the
+# order of bf16's rounding (2⁻⁸ ≈ 0.004 relative), not of a bug: within the printed bound,
+# and not zero (the test checks both).
+# What does not: the embedding's output (an embedding is not on the autocast list), the
+# residual stream (`x + bf16` is promoted to float32), the first LayerNorm's output (its
+# input is that float32 stream), the loss (cross-entropy is on the float32 list), the
+# weights, their gradients and the optimizer's state. On a CPU the speed of bf16 depends
+# on whether it has bf16 instructions (AVX512-BF16, AMX): the ratio above is your CPU's.
+# Keep bf16 matmuls small on a CPU until you know which kind it is.
+
+# %% [markdown]
+# ## 6. Stage 4: two ranks with FSDP2, checkpoints, a kill and a restart
+#
+# `worker.py` trains the same `gpt.GPT` on 2 ranks. Each builds it from the same seed and
+# shards it with `fully_shard`: each block is one unit, the root (embeddings, the tied
+# output, the final norm) another (lesson 11). A step gives each rank half of the same
+# global batch of 64 rows: FSDP2 averages the gradients over the ranks, so each update is
+# the full batch's, up to rounding. After every 10th step both ranks save a DCP checkpoint
+# (lesson 12): model, AdamW, step, and the data order's state (here only the step: the
+# batch is a function of it).
+#
+# The drill: the parent (this lesson) draws a step and a rank from a seed and passes the
+# step to the worker; after that step, on the first attempt only, both ranks stop and
+# write their pid into the checkpoint folder. A thread of the parent waits for the chosen
+# rank's file and kills that process with SIGKILL, from outside, as a failing machine
+# would. (The ranks stop so that the kill lands at the chosen step and the output is the
+# same on every run; a real failure lands anywhere, and nothing below depends on where.)
+# torchrun sees a rank die, stops the other one, and with `--max-restarts=1` starts both
+# again; the new ranks resume from the newest checkpoint that has DCP's `.metadata`, train
+# to step 40, and then, in the same processes, train an uninterrupted run from scratch
+# with no checkpoint and compare. The launch goes through the course's kit (lesson 09):
+# a hard timeout, every process of the launch killed however the launch ends, one log per
+# rank and attempt.
+#
+# **Predict.** Which checkpoint does the second attempt load, and which steps run twice?
+# Are its final parameters bitwise equal to the uninterrupted 2-rank run's? Are the 2-rank
+# losses equal to stage 1's single-process losses?
+
+# %%
+KILL_SEED, EVERY = 14, 10
+gen = torch.Generator().manual_seed(KILL_SEED)
+stop_at = int(torch.randint(EVERY + 1, SHORT, (1,), generator=gen))  # after a checkpoint, before the end
+victim = int(torch.randint(0, 2, (1,), generator=gen))
+TMP = Path(tempfile.mkdtemp(prefix="lesson14-"))  # the drill's checkpoints; removed at the end
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # ... and at exit, should a cell fail first
+
+
+def kill_when_paused(root, rank, done, killed):
+    """The parent's side of the drill: SIGKILL rank `rank` once it has written its pid
+    (it stopped after the chosen step). Returns when it did, or when `done` is set."""
+    flag = root / f"paused.rank{rank}"
+    while not done.wait(0.05):
+        if flag.exists():
+            killed.append(int(flag.read_text()))
+            os.kill(killed[-1], signal.SIGKILL)
+            return
+
+
+done, killed = threading.Event(), []
+killer = threading.Thread(target=kill_when_paused, args=(TMP, victim, done, killed), daemon=True)
+killer.start()
+try:
+    drill = launch(WORKER, ["drill", str(TMP), "--steps", str(SHORT), "--every", str(EVERY),
+                            "--stop-at", str(stop_at)], restarts=1)
+finally:
+    done.set()  # the killer thread ends however the launch ended
+    killer.join()
+print(f"kill seed {KILL_SEED}: rank {victim} after step {stop_at} (checkpoint every {EVERY} steps, {SHORT} steps)")
+print(f"torchrun exit code {drill.code} after {drill.seconds:.1f} s; attempts {drill.attempts}")
+
+
+def events(run, attempt):
+    """What the ranks said in one attempt, without the per-step loss lines."""
+    for name in ("attempt", "train"):
+        for lines in section(run, name, attempt).values():
+            for line in lines:
+                if " loss " not in line:
+                    print(line)
+
+
+events(drill, 0)
+agent = drill.agent.splitlines()
+dead = [m for m in agent if "failed (exitcode: -9)" in m]
+print(f"the parent killed pid {killed[0]}: torchrun reports rank {victim} failed with exit code -9 (SIGKILL): "
+      f"{any(f'local_rank: {victim} (pid: {killed[0]})' in m for m in dead)}")
+other = section(drill, "attempt", 0)[1 - victim][0].rsplit(" ", 1)[1]  # the other rank's pid
+print(f"torchrun then sent SIGTERM to the other rank: "
+      f"{any(f'Sending process {other} closing signal SIGTERM' in m for m in agent)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# kill seed 14: rank 0 after step 17 (checkpoint every 10 steps, 40 steps)
+# torchrun exit code 0 after «time» s; attempts [0, 1]
+# rank 0: TORCHELASTIC_RESTART_COUNT=0 pid «pid»
+# rank 1: TORCHELASTIC_RESTART_COUNT=0 pid «pid»
+# rank 0: complete checkpoints: none
+# rank 0: saved step_10
+# rank 0: paused after step 17: waiting to be killed (kill -9 «pid»)
+# rank 1: paused after step 17: waiting to be killed (kill -9 «pid»)
+# the parent killed pid «pid»: torchrun reports rank 0 failed with exit code -9 (SIGKILL): True
+# torchrun then sent SIGTERM to the other rank: True
+# ```
+#
+# The seed chose rank 0, the rank that coordinates DCP's saves, after step 17. The first
+# attempt saved `step_10` on the way and stopped after step 17; the parent's SIGKILL is
+# what torchrun's agent then reported (exit code -9: killed by signal 9). torchrun stopped
+# the other rank itself (SIGTERM) and, with one restart allowed, started attempt 1.
+#
+# **Predict.** What does attempt 1 find, and do its numbers match?
+
+# %%
+def losses(run, name, attempt):
+    """{step: loss} that rank 0 printed in one section of one attempt."""
+    found = {}
+    for line in section(run, name, attempt).get(0, []):
+        if line.startswith("rank 0: step ") and " loss " in line:
+            step, value = line[len("rank 0: step "):].split(" loss ")
+            found[int(step)] = float(value)
+    return found
+
+
+events(drill, 1)
+for line in section(drill, "reference", 1)[0][-2:]:
+    print(line)
+first, second, ref = losses(drill, "train", 0), losses(drill, "train", 1), losses(drill, "reference", 1)
+replay = sorted(set(first) & set(second))
+print(f"steps {replay[0]}-{replay[-1]} ran twice (the replay window); equal both times: "
+      f"{all(first[s] == second[s] for s in replay)}")
+gap_ranks = max(abs(ref[s] - eager["loss"][s - 1]) for s in ref)
+print(f"2 ranks vs one process (stage 1), steps 1-{SHORT}: max loss gap {gap_ranks:.1e}, below 1e-4: {gap_ranks < 1e-4}")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: TORCHELASTIC_RESTART_COUNT=1 pid «pid»
+# rank 1: TORCHELASTIC_RESTART_COUNT=1 pid «pid»
+# rank 0: complete checkpoints: step_10
+# rank 0: resumed from step_10: next step 11
+# rank 0: saved step_20
+# rank 0: saved step_30
+# rank 0: saved step_40
+# rank 0: losses of this attempt's steps equal the uninterrupted run's: True
+# rank 0: final parameters bitwise equal to the uninterrupted run: True
+# steps 11-17 ran twice (the replay window); equal both times: True
+# 2 ranks vs one process (stage 1), steps 1-40: max loss gap «number», below 1e-4: True
+# ```
+#
+# Attempt 1 ran in new processes, found only `step_10` complete, resumed after it and
+# computed steps 11-17 a second time (the *replay window*: up to 10 steps of work lost per
+# failure is the price of checkpointing every 10 steps), with the same losses as the first
+# time, bit for bit. The last two lines are the drill's result: the run that was killed and
+# restarted ended with parameters **bitwise** equal to a 2-rank run that never stopped.
+# That needs every piece of state that decides the next step in the checkpoint: the
+# sharded weights, AdamW's moments and step count, and the data order (a function of the
+# step here; exercise B makes it a real shuffled order with a state of its own).
+#
+# Against stage 1, the 2-rank run is equal only to rounding: each rank computes its half
+# batch's loss and gradient, and FSDP2's reduce-scatter averages them, which adds the same
+# numbers in another order than one process does over 64 rows. The gap after 40 steps
+# is rounding-level (its digits depend on the CPU, so only the bound is documented).
+
+# %% [markdown]
+# ## 7. Stage 5: a profiler trace of one step, and its MFU
+#
+# Lesson 06's tools, on this model. The profiler records one training step (after three
+# warm-up steps) with `record_function` regions and writes a Chrome trace next to the
+# lesson (open it in <https://ui.perfetto.dev>). `FlopCounterMode` counts the FLOPs of one
+# step's forward and backward from the ops that ran. Lesson 06's peak for this CPU is
+# FLOPs per cycle (from the vector ISA PyTorch reports) × clock × threads, and MFU is the
+# model's FLOPs per measured second over that peak.
+#
+# **Predict.** A step processes 64 × 12 = 768 tokens. Every weight of a matmul costs 2
+# FLOPs per token forward and 4 backward (lesson 06); there are 24,928 of them (4 linear
+# layers per block and the tied output). What will the counter report? Where does
+# attention's `q @ kᵀ` appear in the count?
+
+
+# %%
+def step_with_regions(model, opt, seq):
+    with record_function("forward"):
+        loss = gpt.loss_fn(model, seq)
+    with record_function("backward"):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+    with record_function("optimizer"):
+        opt.step()
+
+
+probe = gpt.build(seed=0)
+probe_opt = gpt.optimizer(probe)
+batch = TRAIN[gpt.batch_rows(1, len(TRAIN))]  # (64, 13)
+for _ in range(3):
+    step_with_regions(probe, probe_opt, batch)  # warm-up: AdamW's state exists after the first
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    step_with_regions(probe, probe_opt, batch)
+trace = HERE / "capstone_trace.json"
+prof.export_chrome_trace(str(trace))
+regions = {e["name"]: e["dur"] for e in json.loads(trace.read_text())["traceEvents"]
+           if e.get("name") in ("forward", "backward", "optimizer") and e.get("ph") == "X"}
+print(f"wrote {trace.name}: regions {sorted(regions)}")
+total_us = sum(regions.values())
+print("share of the step: " + ", ".join(f"{k} {100 * v / total_us:.0f}%" for k, v in regions.items()))
+ran = sorted(e.key for e in prof.key_averages() if "scaled_dot_product" in e.key)
+print(f"ops called in the step: {sum(e.count for e in prof.key_averages() if e.key.startswith('aten::'))}; "
+      f"attention ran as {ran}")
+with FlopCounterMode(display=False) as counter:
+    gpt.loss_fn(probe, batch).backward()
+step_flops = counter.get_total_flops()
+by_op = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
+print(f"counted FLOPs of one step (forward + backward): {step_flops:,} {by_op}")
+WEIGHTS = sum(m.weight.numel() for m in probe.modules() if isinstance(m, torch.nn.Linear)) + probe.tok.weight.numel()
+S, SEQS = gpt.LENGTH - 1, batch.shape[0]
+TOKENS = SEQS * S
+print(f"6 x {WEIGHTS:,} weights x {TOKENS} tokens = {6 * WEIGHTS * TOKENS:,}: the count {6 * WEIGHTS * TOKENS == step_flops}")
+attention = 12 * gpt.LAYERS * S**2 * gpt.WIDTH * SEQS
+print(f"attention by formula: 12 x {gpt.LAYERS} layers x {S}^2 x {gpt.WIDTH} x {SEQS} sequences = {attention:,} "
+      f"(+{attention / step_flops:.1%})")
+registry = torch.utils.flop_counter.flop_registry  # op -> its FLOP formula
+print(f"FlopCounterMode has a formula for the CPU's op: {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu in registry}; "
+      f"for CUDA's flash op: {torch.ops.aten._scaled_dot_product_flash_attention in registry}")
+
+# %% [markdown]
+# Output:
+# ```text
+# wrote capstone_trace.json: regions ['backward', 'forward', 'optimizer']
+# share of the step: forward «number»%, backward «number»%, optimizer «number»%
+# ops called in the step: 1412; attention ran as ['aten::_scaled_dot_product_flash_attention_for_cpu', 'aten::_scaled_dot_product_flash_attention_for_cpu_backward', 'aten::scaled_dot_product_attention']
+# counted FLOPs of one step (forward + backward): 114,868,224 {'aten.addmm': 37748736, 'aten.mm': 77119488}
+# 6 x 24,928 weights x 768 tokens = 114,868,224: the count True
+# attention by formula: 12 x 2 layers x 12^2 x 32 x 64 sequences = 7,077,888 (+6.2%)
+# FlopCounterMode has a formula for the CPU's op: False; for CUDA's flash op: True
+# ```
+#
+# The counter found exactly 6 × weights × tokens: `addmm` for the biased linear layers'
+# forward, `mm` for the tied output's forward and every backward matmul. Attention is not
+# in it. On the CPU, SDPA runs as the fused op `_scaled_dot_product_flash_attention_for_cpu`
+# (and its backward), and `FlopCounterMode` has no formula for that op (it has them for
+# the CUDA kernels), so it counts it as 0 without a word. Attention's two matmuls, `q @ kᵀ`
+# and the weighted sum of `v`, have no weights: 4·S²·d FLOPs per sequence and layer
+# forward, twice that backward, 12·S²·d in all, with S = 12 positions and d = 32 (all
+# heads together). We add them by formula (the formula counts the whole S × S square; the
+# causal mask lets a kernel skip about half of it). Check a FLOP counter against a
+# formula before you trust an MFU.
+#
+# **Predict.** With these FLOPs and the measured step time, what MFU does a model of width
+# 32 reach on one core: closer to 1% or to 50%?
+
+# %%
+FLOPS_PER_CYCLE = {"DEFAULT": (4, 2), "AVX2": (8, 4), "AVX512": (16, 4)}  # (fp32 lanes, FLOPs per lane)
+
+
+def clock_ghz():
+    """(GHz, where it was read): cpufreq's maximum, else /proc/cpuinfo, else 3.0 assumed
+    (lesson 06 says why each, and why the peak is an estimate)."""
+    cpufreq = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")  # kHz
+    if cpufreq.is_file():
+        return int(cpufreq.read_text()) / 1e6, str(cpufreq)
+    cpuinfo = Path("/proc/cpuinfo")
+    mhz = [float(line.split(":")[1]) for line in cpuinfo.read_text().splitlines()
+           if line.startswith("cpu MHz")] if cpuinfo.is_file() else []
+    return (max(mhz) / 1e3, str(cpuinfo)) if mhz else (3.0, "assumed")
+
+
+capability = torch.backends.cpu.get_cpu_capability()
+lanes, per_lane = FLOPS_PER_CYCLE.get(capability, FLOPS_PER_CYCLE["DEFAULT"])
+ghz, source = clock_ghz()
+peak = lanes * per_lane * ghz * 1e9 * torch.get_num_threads()  # FLOP/s
+times = []
+for _ in range(21):
+    start = time.perf_counter()
+    step_with_regions(probe, probe_opt, batch)
+    times.append(time.perf_counter() - start)
+step_s = statistics.median(times)
+model_flops = step_flops + attention  # per step: counted matmuls + attention by formula
+print(f"this CPU: {lanes * per_lane} FLOPs per cycle, {ghz:.2f} GHz ({source}), "
+      f"{torch.get_num_threads()} thread: peak {peak / 1e9:.1f} GFLOP/s")
+print(f"one step: {model_flops:,} FLOPs in {step_s * 1e3:.1f} ms (median of 21) "
+      f"= {model_flops / step_s / 1e9:.2f} GFLOP/s, MFU {model_flops / step_s / peak:.1%}")
+print(f"at the peak, these FLOPs would take {model_flops / peak * 1e3:.2f} ms")
+
+# %% [markdown]
+# Output:
+# ```text
+# this CPU: «number» FLOPs per cycle, «number» GHz («path»), 1 thread: peak «rate» GFLOP/s
+# one step: 121,946,112 FLOPs in «time» ms (median of 21) = «rate» GFLOP/s, MFU «number»%
+# at the peak, these FLOPs would take «time» ms
+# ```
+#
+# Compare the last two lines: the step takes longer than its FLOPs need at the peak, and
+# MFU is that ratio. The rest of the time is not arithmetic: the step makes about 1,400
+# ATen calls (counted above) on tensors of width 32, and each has a fixed cost (Python,
+# dispatch, allocation) that a matmul of 768 × 32 by 32 × 96 does not amortise. A wider
+# model, longer sequences or a larger batch put more arithmetic behind each call; this
+# lesson's GPU test (`test_capstone.py`, marked `cuda`) trains the same `gpt.GPT` at width
+# 512 with 8 layers, compiled, in bf16 with flash attention, and records its tokens per
+# second and MFU.
+
+# %% [markdown]
+# ## 8. The end: held-out accuracy and samples
+#
+# The model of stage 1 passed the held-out check above. Sampling is how a language model is
+# used: draw each next character from the softmax of the logits (temperature 1), feed it
+# back, repeat. `gpt.generate` does it with its own `torch.Generator`, so the samples are
+# the same on every run.
+#
+# **Predict.** Sampling can pick a character that is not the most likely one. How often
+# will it, on held-out prompts, for this model?
+
+# %%
+sampler = torch.Generator().manual_seed(0)
+samples = gpt.generate(model, HELD[:5, :gpt.DIGITS + 1], gen=sampler)  # (5, 13)
+for row, truth in zip(samples, HELD[:5]):
+    text = gpt.decode(row)
+    print(f"{text[:gpt.DIGITS + 1]} -> {text[gpt.DIGITS + 1:]}  {'right' if torch.equal(row, truth) else 'WRONG'}")
+x, _ = gpt.split(HELD)
+with torch.no_grad():
+    probs = F.softmax(model(x)[:, gpt.DIGITS:], dim=-1)  # (500, 6, 11)
+right_p = probs.gather(-1, HELD[:, gpt.DIGITS + 1:, None])  # (500, 6, 1): the right character's
+print(f"the right character's probability over the 500 x 6 held-out answers: lowest {right_p.min():.2f}, "
+      f"median {right_p.median():.3f}")
+print(f"held-out exact match of the final model: {accuracy:.1%}, at least {THRESHOLD:.0%}: {accuracy >= THRESHOLD}")
+
+# %% [markdown]
+# Output:
+# ```text
+# 859803> -> 308958  right
+# 306715> -> 517603  right
+# 092151> -> 151290  right
+# 459071> -> 170954  right
+# 468883> -> 388864  right
+# the right character's probability over the 500 x 6 held-out answers: lowest 0.94, median 0.991
+# held-out exact match of the final model: 100.0%, at least 95%: True
+# ```
+#
+# Five held-out prompts, five right reversals. The model puts most of the probability on
+# the right character (its median is printed), so sampling at temperature 1 picks it
+# almost always, here all 30 times; at 0.99 a character, about one set of 5 samples in 4
+# would have a mistake somewhere. A higher temperature (`temperature=3` divides the logits by 3 before the softmax)
+# flattens the distribution: try it, and count the mistakes.
+
+# %% [markdown]
+# ## 9. All the stages in one figure
+#
+# **Predict.** Where do the compiled, bf16 and 2-rank curves lie relative to stage 1's?
+
+
+# %%
+def plot_stages(eager, comp, low, ranks):
+    """Left: training loss per step for each stage and stage 1's held-out loss (log scale).
+    Right: stage 1's held-out exact match over steps."""
+    fig, (ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    steps = range(1, len(eager["loss"]) + 1)
+    ax.plot(steps, eager["loss"], color="0.6", linewidth=4, label="1: eager fp32 (train)")
+    held = sorted(eager["eval"])
+    ax.plot(held, [eager["eval"][s][0] for s in held], "k:", label="1: eager fp32 (held-out)")
+    ax.plot(range(1, len(comp["loss"]) + 1), comp["loss"], "x", color="tab:blue", label="2: compiled")
+    ax.plot(range(1, len(low["loss"]) + 1), low["loss"], "+", color="tab:orange", label="3: bf16 autocast")
+    ax.plot(sorted(ranks), [ranks[s] for s in sorted(ranks)], ".", color="tab:green", label="4: 2 ranks, FSDP2")
+    ax.set_yscale("log")
+    ax.set(xlabel="step", ylabel="cross-entropy (answer characters)", title="Loss per stage")
+    ax.legend(fontsize=8)
+    acc_ax.plot(held, [100 * eager["eval"][s][1] for s in held], "o-", color="tab:purple", markersize=3)
+    acc_ax.axhline(100 * THRESHOLD, color="tab:red", linestyle="--", label=f"threshold {THRESHOLD:.0%}")
+    acc_ax.set(xlabel="step", ylabel="held-out exact match (%)", title="All 6 characters right", ylim=(-5, 105))
+    acc_ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+fig = plot_stages(eager, comp, low, ref)
+fig.savefig(HERE / "capstone_stages.png")
+
+# %% [markdown]
+# The compiled and 2-rank points sit on stage 1's curve (their gaps are rounding), the
+# bf16 points next to it. The held-out loss follows the training loss: the model does not
+# memorise 2,000 strings, it learns the rule, and exact match jumps from 0 to 100% in a
+# few dozen steps once it has.
+
+# %% [markdown]
+# ## Summary
+#
+# - The data is the course's own (`scripts/make_reversal.py`, a fixed seed), with a clean
+#   held-out split; the loss counts the answer characters only, and exact match (all six
+#   right) is one forward pass, equal to greedy decoding string for string.
+# - A 26,208-parameter GPT (pre-norm, causal SDPA, tied embeddings) learned to reverse
+#   strings it never saw: held-out exact match above 95% after 150 steps, asserted on every
+#   CPU as a bound.
+# - `torch.compile`: one graph, no break, losses equal to eager to rounding (not bitwise:
+#   fused kernels round differently), a speed ratio that depends on the CPU, and a first
+#   step that pays for the compile.
+# - bf16 autocast: linear layers' outputs and the logits in bf16, the loss, the residual
+#   stream, the weights, gradients and AdamW's state in float32; losses within bf16's
+#   rounding of float32's.
+# - Two ranks with FSDP2: losses equal to one process to rounding; the parent SIGKILLed a
+#   rank at a seeded step, torchrun restarted both, the ranks resumed from the newest
+#   complete DCP checkpoint, replayed the steps since, and ended bitwise equal to an
+#   uninterrupted 2-rank run.
+# - The profiler's trace and `FlopCounterMode`: 6·N·tokens plus attention's 12·S²·d per
+#   layer and sequence, to the FLOP; the MFU of a model this small is tiny.
+#
+# ## Where PyTorch ends
+#
+# Everything this course showed is PyTorch's job: what a tensor is, which kernel runs,
+# what autograd records, how precision, compilation, collectives, sharding and checkpoints
+# behave. These are the semantics of tensors and of a training step, and a training run is
+# correct or not because of them. Much of what happens around a model in production is
+# not PyTorch's job and lives in other layers built on it: *serving* a trained model to
+# many users (batching requests, managing the attention cache, scheduling) is what
+# inference engines such as vLLM and SGLang do; *rollouts* and the orchestration of many
+# processes and machines (for reinforcement learning, data pipelines, hyperparameter
+# searches) is what systems such as Ray do; *tracking* experiments, metrics and
+# artifacts is the job of tools such as MLflow or Weights & Biases. They call into
+# PyTorch and rely on exactly the guarantees this course checked; knowing where one layer
+# ends is how you know where to look when something goes wrong.
+#
+# ## Exercises
+#
+# Open `exercises.py` in this folder; `make exercises N=14` checks your answers
+# (`solutions.py` has one way).
+#
+# A. `lr_at(step, total, peak, warmup, floor=0.0)`: the learning rate of a linear warm-up
+#    over the first `warmup` steps, then a cosine decay from `peak` to `floor` at step
+#    `total`. Steps count from 1. Use it with `torch.optim.lr_scheduler.LambdaLR` and train
+#    stage 1 again: does the model still pass the threshold?
+# B. `Shuffler`: the data order of a real loader, an epoch at a time from one generator (as
+#    `DataLoader(shuffle=True)` does). Write its `state_dict` and `load_state_dict` so that
+#    a checkpoint restores the order. The test runs this lesson's drill with your class
+#    (`worker.py drill DIR --shuffler exercises.py`): the restarted run must end bitwise
+#    equal to an uninterrupted one, with the resume in the second epoch.
+#
+# These change the lesson (its output is your reference):
+#
+# C. Kill rank 1 instead (another seed, or set `victim`), or choose a step right after a
+#    checkpoint. What changes in the output, and what does not?
+# D. Compile the whole training step (`torch.compile(gpt.train_step)`) rather than the
+#    model: how many graphs, how long the first step, and are the losses still within
+#    the tolerance?
+
+# %%
+shutil.rmtree(TMP, ignore_errors=True)  # the drill's checkpoints
