@@ -886,9 +886,9 @@ for name, op in [("double_bad", double_bad), ("double_good", double_good)]:
 # %% [markdown]
 # ## Summary
 #
-# - Every `torch` call ends in ATen operator overloads (`aten::mm`, `aten::add_.Tensor`);
-#   schemas declare their types, and `Tensor(a)` / `Tensor(a!)` declare aliasing and
-#   mutation, which is what autograd and compilers rely on.
+# - Every tensor operation in `torch` ends in ATen operator overloads (`aten::mm`,
+#   `aten::add_.Tensor`); schemas declare their types, and `Tensor(a)` / `Tensor(a!)`
+#   declare aliasing and mutation, which is what autograd and compilers rely on.
 # - Each op is declared in `native_functions.yaml` (schema, and the C++ function per
 #   backend) and its derivative in `derivatives.yaml`; torchgen generates the registration
 #   of the CPU and autograd kernels from them. Batch rules for `vmap` are written by hand.
