@@ -14,7 +14,8 @@
 #   MLP, why "colwise" shards dim 0 of `nn.Linear.weight` (stored as [out, in]), and that the
 #   split MLP equals the whole one (outputs, gradients, one AdamW step) in float64;
 # - where TP communicates: one all-reduce in forward, one in backward, none inside the
-#   sharded matmuls;
+#   sharded matmuls; why the pairing the other way round fails with the default layouts,
+#   and what it costs once its layouts are given;
 # - `torch.distributed.pipelining`: 2 stages, 4 micro-batches, `ScheduleGPipe` and
 #   `Schedule1F1B`, equal to the full batch; the order each rank really runs; what
 #   `scale_grads` divides, and how to divide twice by mistake; what unequal micro-batches do;
@@ -163,10 +164,42 @@ show(run, "tp comms")
 # before it flows further down. The matmuls themselves send nothing: each rank multiplies
 # its own slice. That is the point of pairing colwise with rowwise: the sharded hidden
 # activation (8 units, 4 per rank) never travels, and a whole MLP costs two all-reduces of
-# a `(B, 6)` tensor. Pair them the other way round, or run a single colwise layer whose
-# output the next layer wants whole, and an all-gather appears between them. The price of
-# TP is that these all-reduces sit *on the critical path* of every layer, which is why TP
-# is kept within a node, on the fastest links.
+# a `(B, 6)` tensor. The price of TP is that these all-reduces sit *on the critical path*
+# of every layer, which is why TP is kept within a node, on the fastest links.
+#
+# **Predict.** Pair them the other way round: `{"up": RowwiseParallel(), "down":
+# ColwiseParallel()}`, same input `x` (5, 6) on both ranks. Does it run? If not, what would
+# make it run, and what would it cost?
+
+# %%
+show(run, "tp swapped")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: defaults: up.weight S(1), down.weight S(0)
+# rank 0: defaults: RuntimeError: a and b must have same reduction dim, but got [5, 12] X [6, 8].
+# rank 0: up's output on each rank: a plain tensor [5, 8] (all 8 hidden units)
+# rank 0: input Replicate, output Replicate: output max gap «number», below 1e-15: True
+# rank 0: input Replicate, output Replicate: grads max gap «number», below 1e-15: True
+# rank 0: forward ran: all_reduce x1, all_gather_into_tensor x1
+# rank 0: backward ran: all_reduce x1, all_gather_into_tensor x1
+# ```
+#
+# It does not run, on either rank. Each style comes with default *layouts* that assume the
+# colwise-then-rowwise pairing: `RowwiseParallel` expects its input already sharded on the
+# last dim (`input_layouts=Shard(-1)`, as a colwise layer's output is), and
+# `ColwiseParallel` leaves its output sharded on the last dim. So the rowwise `up` takes
+# each rank's whole `x` (5, 6) for *its half* of a (5, 12) input, and the matmul's shape
+# check finds 12 input features against a weight that reads 6: the `[5, 12] X [6, 8]` of
+# the message (the global shapes DTensor checks before any local work). Saying what the
+# layers really receive and must return makes the swap work: `RowwiseParallel(input_layouts=
+# Replicate())` slices the replicated `x` locally, and `ColwiseParallel(output_layouts=
+# Replicate())` gathers the sharded output. It then equals the unsharded MLP to rounding, but
+# it costs more: in forward, `up`'s partial sums are all-reduced into all 8 hidden units on
+# every rank (so both ranks compute the same tanh), then `down`'s output is all-gathered;
+# backward needs an all-reduce and an all-gather too, twice the collectives of section 1's
+# pairing. Colwise first keeps the hidden activation split; rowwise first makes it whole.
 #
 # ## 3. Pipeline parallelism: split the stack of layers
 #
@@ -469,8 +502,10 @@ fig.savefig(HERE / "schedules.png")
 #
 # These change the worker and run it with torchrun (the output above is your reference):
 #
-# A. Swap the plan to `{"up": RowwiseParallel(), "down": ColwiseParallel()}`. Does the
-#    output still match? Which collectives does `CommDebugMode` count now?
+# A. In `show_swapped`'s `SWAPPED_FIXED` plan, drop `output_layouts=Replicate()` from
+#    `down`. Predict what fails and where (the output is now sharded, the target `y` is
+#    not). Then keep the output sharded and compute the loss on each rank's shard: which
+#    collective disappears from the forward count?
 # B. Run the pipeline with 8 micro-batches of 1. Predict the order and the in-flight count
 #    of each schedule first.
 # C. In `show_unequal`, remove `group=group`. How long does rank 0 wait now, and why?

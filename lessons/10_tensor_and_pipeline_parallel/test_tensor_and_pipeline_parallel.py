@@ -78,6 +78,19 @@ def test_tp_communicates_once_each_way(lesson):
     ]
 
 
+def test_swapped_plan_fails_with_defaults_and_costs_more_with_layouts(lesson):
+    assert lines(lesson, "tp swapped", 1) == []  # the same on both ranks: printed by rank 0
+    got = lines(lesson, "tp swapped")
+    assert "rank 0: defaults: up.weight S(1), down.weight S(0)" in got
+    error = [line for line in got if line.startswith("rank 0: defaults: RuntimeError")]
+    assert error and "same reduction dim" in error[0] and "[5, 12] X [6, 8]" in error[0], got
+    assert "rank 0: up's output on each rank: a plain tensor [5, 8] (all 8 hidden units)" in got
+    found = gaps(got)
+    assert len(found) == 2 and all(g < 1e-15 for g in found), found
+    both = "all_reduce x1, all_gather_into_tensor x1"  # twice section 1's pairing
+    assert f"rank 0: forward ran: {both}" in got and f"rank 0: backward ran: {both}" in got
+
+
 def test_pipeline_schedules_equal_the_full_batch(lesson):
     ns = lesson.ns
     run = ns["run"]

@@ -23,6 +23,7 @@ only), `heading` starts a `== name ==` section; `serve` runs the part between `s
 """
 
 import datetime
+import logging
 import sys
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining.schedules import _ComputationType
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -79,13 +80,19 @@ class MLP(nn.Module):
         return self.down(torch.tanh(self.up(x)))  # (B, dim)
 
 
-def tp_models(mesh, device):
+PLAN = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+SWAPPED = {"up": RowwiseParallel(), "down": ColwiseParallel()}  # default layouts
+SWAPPED_FIXED = {"up": RowwiseParallel(input_layouts=Replicate()),  # x arrives whole
+                 "down": ColwiseParallel(output_layouts=Replicate())}  # gather the output
+
+
+def tp_models(mesh, device, plan=PLAN):
     """The same float64 MLP twice on every rank: one left whole, one split over the mesh."""
     torch.manual_seed(0)  # same weights and data on both ranks
     ref = MLP().double().to(device)
     tp = MLP().double().to(device)
     tp.load_state_dict(ref.state_dict())
-    parallelize_module(tp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    parallelize_module(tp, mesh, plan)
     return ref, tp
 
 
@@ -139,6 +146,37 @@ def show_tp(mesh, device):
     with CommDebugMode() as inner:
         torch.nn.functional.linear(x, w)
     shared(f"a rank's own matmul x @ up.weight_local.T ran: {comms(inner.get_comm_counts())}")
+
+
+def show_swapped(mesh, device):
+    """Rowwise then colwise: with default layouts it fails, with explicit ones it costs more."""
+    heading("tp swapped")
+    torch.manual_seed(3)
+    x = torch.randn(5, 6, dtype=torch.float64, device=device)  # (B, dim)
+    y = torch.randn(5, 6, dtype=torch.float64, device=device)
+    ref, tp = tp_models(mesh, device, SWAPPED)
+    shared(f"defaults: up.weight {tp.up.weight.placements[0]}, down.weight {tp.down.weight.placements[0]}")
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")  # it logs the error it re-raises
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        tp(x)
+        shared("defaults: forward ran")
+    except RuntimeError as err:
+        shared(f"defaults: {type(err).__name__}: {str(err).splitlines()[0]}")
+    finally:
+        quiet.setLevel(logging.NOTSET)
+    ref, tp = tp_models(mesh, device, SWAPPED_FIXED)
+    x_ref, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_ref, _, _, _ = tp_step(ref, x_ref, y)
+    hidden = []
+    tp.up.register_forward_hook(lambda mod, args, out: hidden.append(list(out.shape)))
+    out_tp, _, fwd, bwd = tp_step(tp, x_tp, y)
+    shared(f"up's output on each rank: a plain tensor {hidden[0]} (all 8 hidden units)")
+    shared(f"input Replicate, output Replicate: output max gap {below(gap(out_tp, out_ref))}")
+    worst = max(gap(tp.get_parameter(n).grad, p.grad) for n, p in ref.named_parameters())
+    shared(f"input Replicate, output Replicate: grads max gap {below(max(worst, gap(x_tp.grad, x_ref.grad)))}")
+    shared(f"forward ran: {comms(fwd)}")
+    shared(f"backward ran: {comms(bwd)}")
 
 
 # -------------------------------------------------------------------------- pipeline parallel
@@ -286,6 +324,7 @@ def show_unequal():
 def run_tp(device):
     mesh = init_device_mesh(device.type, (2,), mesh_dim_names=("tp",))
     show_tp(mesh, device)
+    show_swapped(mesh, device)
     return 0
 
 
