@@ -43,6 +43,8 @@ PLACEHOLDERS = {
     "address": r"0x[0-9a-fA-F]+",
     "pid": r"\d+",
     "path": r"\S+",  # a file path outside the repository (a temporary folder)
+    "isa": r"[A-Z][A-Z0-9_]*(?: [A-Z0-9_]+)?",  # torch.backends.cpu.get_cpu_capability(): AVX512, Z VECTOR
+    "name": r"[A-Za-z_][\w.+-]*",  # one machine-dependent word: a clock source, a CPU flag
 }
 GATED_WARNINGS = (DeprecationWarning, FutureWarning)
 DIFFERS = "printed output differs from its documented block"
@@ -121,8 +123,19 @@ def cpu_capability() -> str:
 
 # Conditions an alternative Output block may name ("```text when=NAME"): a cell that cannot do
 # its work on some machines prints a skip line with its reason there, and documents it so.
+def cpu_flex_attention_unsupported() -> bool:
+    """Whether compiled FlexAttention refuses this CPU, by PyTorch's own check (2.13.0: it
+    needs AVX2 and not macOS, so Apple silicon, Intel Macs and Arm Linux are refused too)."""
+    try:
+        from torch._inductor.kernel.flex.flex_cpu import check_cpu_supported
+    except ImportError:  # moved in another torch: fall back to the rule it encoded
+        return cpu_capability() not in ("AVX2", "AVX512") or sys.platform == "darwin"
+    return not check_cpu_supported()
+
+
 CONDITIONS = {
     "no-vector-isa": lambda: cpu_capability() == "DEFAULT",
+    "no-cpu-flex-attention": cpu_flex_attention_unsupported,
 }
 FENCE = re.compile(r"```text(?:\s+when=(\S+))?\s*$")
 

@@ -234,3 +234,25 @@ def test_the_command_line_applies_the_manifests_allowed_warnings(monkeypatch):
     lesson = next(l for l in manifest.ready() if l.allowed_warnings)
     assert checker.allowed_warnings(lesson.script) == lesson.allowed_warnings
     assert checker.allowed_warnings(Path("/tmp/elsewhere.py")) == ()
+
+
+def test_the_word_placeholders_match_one_word_only():
+    for isa in ("AVX512", "AVX2", "DEFAULT", "SVE256", "Z VECTOR", "NO AVX"):
+        assert checker.line_matches("kernels «isa»", f"kernels {isa}")
+    for bad in ("avx2", "AVX2 and more", "", "AVX2,"):
+        assert not checker.line_matches("kernels «isa»", f"kernels {bad}")
+    assert checker.line_matches("clock from «name»", "clock from cpufreq")
+    assert not checker.line_matches("clock from «name»", "clock from two words")
+
+
+def test_compiled_flex_attention_condition_follows_pytorchs_own_check(monkeypatch):
+    import sys as _sys
+
+    import torch._inductor.kernel.flex.flex_cpu as flex_cpu
+
+    for supported in (True, False):
+        monkeypatch.setattr(flex_cpu, "check_cpu_supported", lambda: supported)
+        assert checker.CONDITIONS["no-cpu-flex-attention"]() is (not supported)
+    monkeypatch.setitem(_sys.modules, "torch._inductor.kernel.flex.flex_cpu", None)  # import fails
+    monkeypatch.setattr(checker, "cpu_capability", lambda: "DEFAULT")
+    assert checker.cpu_flex_attention_unsupported()
