@@ -31,7 +31,7 @@
 # **How to run:** `python lessons/13_composing_parallelism/composing_parallelism.py` or
 # `make lesson N=13` from the repository root, or open `composing_parallelism.ipynb`. It
 # launches `worker.py` once on 4 CPU ranks with the course's kit (`lessons/multirank.py`,
-# lesson 09), which takes 20–40 s on a 2-core machine; every section below reads that
+# lesson 09; the first cell prints how long it took); every section below reads that
 # launch's output. Each printing cell is followed by an *Output* block: what it printed
 # with the pinned PyTorch (2.13.0), checked by `make test`.
 
@@ -73,7 +73,9 @@ def pick(run, name, *starts):
 # arranges them in a 2 × 2 grid, row-major: `[[0, 1], [2, 3]]`. Each mesh dimension is a
 # family of process groups. `mesh["tp"]` is this rank's row, `mesh["dp"]` its column.
 #
-# **Predict.** Which ranks form rank 0's `dp` group, and which its `tp` group? Rank 1's?
+# **Predict.** Which ranks form rank 0's `dp` group, and which its `tp` group? Rank 1's? Each
+# rank all-reduces its own rank number over its `dp` group, then over its `tp` group: what
+# sums come back?
 
 # %%
 run = launch(WORKER, ["main"], nproc=2, nnodes=2, timeout=300)
@@ -85,17 +87,19 @@ show(run, "mesh")
 # ```text
 # exit code 0 after «time» s, output from ranks [0, 1, 2, 3]
 # rank 0: mesh [[0, 1], [2, 3]], dims ('dp', 'tp')
-# rank 0: dp group [0, 2], tp group [0, 1]
+# rank 0: dp group [0, 2], tp group [0, 1]; all_reduce of the ranks over dp 2, over tp 1
 # rank 0: attention heads per rank 2 of 4
-# rank 1: dp group [1, 3], tp group [0, 1]
-# rank 2: dp group [0, 2], tp group [2, 3]
-# rank 3: dp group [1, 3], tp group [2, 3]
+# rank 1: dp group [1, 3], tp group [0, 1]; all_reduce of the ranks over dp 4, over tp 1
+# rank 2: dp group [0, 2], tp group [2, 3]; all_reduce of the ranks over dp 2, over tp 5
+# rank 3: dp group [1, 3], tp group [2, 3]; all_reduce of the ranks over dp 4, over tp 5
 # ```
 
 # %% [markdown]
 # A `tp` group is a row (ranks that differ in their last mesh coordinate), a `dp` group a
 # column. The two dimensions are independent: every rank is in exactly one group of each,
-# and a collective on `mesh["tp"]` runs in each row at once, never mixing the rows.
+# and a collective on `mesh["tp"]` runs in each row separately, never mixing the rows: the
+# sum over tp is 0 + 1 = 1 in the first row and 2 + 3 = 5 in the second; over dp it is
+# 0 + 2 = 2 in the first column and 1 + 3 = 4 in the second.
 #
 # **The model.** `worker.py` defines a small decoder: an embedding (vocabulary 32, width 16),
 # two pre-norm blocks (LayerNorm, causal attention with 4 heads of width 4, LayerNorm, an
@@ -252,7 +256,8 @@ show(run, "step")
 # parameters after the step match the one-process parameters to below 1e-12 (the gap itself
 # is printed, but its last digits depend on the CPU's vector instructions, so only the bound
 # is documented). The worker compares shard by shard: it cuts the one-process tensor with the
-# parameter's own placements (`distribute_tensor(..., src_data_rank=None)`, no messages) and
+# parameter's own placements (`distribute_tensor(..., src_data_rank=None)`, which sends
+# nothing: section 5 counts the collectives of a whole build made of such calls) and
 # takes the largest gap over all ranks with an all-reduce, so no rank gathers a full model.
 
 # %% [markdown]
@@ -380,12 +385,12 @@ pick(run, "comms", "TP ", "TP+SP ")
 # of 128k and a width of 4k.
 #
 # With sequence parallelism every all-reduce inside the blocks became an all-gather and a
-# reduce-scatter: the activations line is 61,440 B both ways. The same bytes, different
-# peaks: between the blocks each rank now holds `[8, 2, 16]` instead of `[8, 8, 16]`, a
-# quarter of the sequence, and the norms compute on that quarter; only inside attention and
-# the MLP is the whole sequence gathered. Two things were added: the embedding's backward now all-gathers (its rowwise
-# weight gradient needs every token's gradient), and the optimizer issues 30 small
-# all-reduces. The next cell explains them.
+# reduce-scatter: the activations line is 61,440 B both ways. The same bytes, less memory:
+# between the blocks each rank now holds `[8, 2, 16]` instead of `[8, 8, 16]`, a quarter of
+# the sequence, and the norms compute on that quarter; only inside attention and the MLP is
+# the whole sequence gathered. Two things were added: the embedding's backward now
+# all-gathers (its rowwise weight gradient needs every token's gradient), and the optimizer
+# issues 30 small all-reduces. The next cell explains them.
 
 # %%
 pick(run, "comms", "Partial")
@@ -393,8 +398,8 @@ pick(run, "comms", "Partial")
 # %% [markdown]
 # Output:
 # ```text
-# rank 0: Partial gradients, TP+SP and AdamW: 10 after backward; all-reduces in the optimizer step 30
-# rank 0: Partial gradients, TP+SP and SGD: 10 after backward; all-reduces in the optimizer step 10
+# rank 0: Partial gradients, TP+SP and AdamW: 10 after backward; all-reduces in the optimizer step 30: addcmul_ 20, lerp_ 10
+# rank 0: Partial gradients, TP+SP and SGD: 10 after backward; all-reduces in the optimizer step 10: add_ 10
 # ```
 
 # %% [markdown]
@@ -402,9 +407,11 @@ pick(run, "comms", "Partial")
 # from a quarter of the tokens on each rank: their gradients are `Partial` (a sum still to
 # be taken) after backward, 10 of them. Nothing reduces them until something reads them: each
 # optimizer operation that reads a `Partial` gradient redistributes it to `Replicate`, an
-# all-reduce, and does not keep the result. SGD reads each gradient once (10 all-reduces),
-# AdamW three times (30). Correct, but wasteful; with FSDP on top (next cell) the gradients
-# are reduced once in backward, before the reduce-scatter.
+# all-reduce, and does not keep the result. The line names the operation that issued each
+# all-reduce: SGD reads each gradient once (`add_`: 10), AdamW three times (`lerp_` for the
+# first moment, and `addcmul_(grad, grad)` for the second, which reads it twice: 30).
+# Correct, but wasteful. With FSDP on top (next cell) each is all-reduced once, in backward:
+# the 2-D step's backward issues 10 all-reduces and its optimizer none.
 #
 # **Predict.** The 2-D step: FSDP over dp = 2 of each tp rank's half of the model, plus
 # tensor parallelism over tp = 2 for a dp group's 4 sequences. HSDP: FSDP inside shard
@@ -534,7 +541,7 @@ show(run, "overlap")
 #
 # **Async handles.** Any collective can be issued the same way by hand: `dist.all_reduce(x,
 # async_op=True)` returns a handle at once; the result is valid after `handle.wait()`. The
-# worker makes the last rank join 0.2 s late (a slow peer), issues the all-reduce on every
+# worker makes the last rank join 0.5 s late (a slow peer), issues the all-reduce on every
 # rank, computes something that does not need `x`, then waits.
 #
 # **Predict.** On rank 0, when does the all-reduce complete: before or after the compute?
@@ -547,13 +554,17 @@ show(run, "async")
 # ```text
 # rank 0: async all_reduce: issued, compute began at «time» ms, ended «time» ms, the collective completed «time» ms, wait() returned «time» ms
 # rank 0: compute began before the collective completed: True; x after wait() 10 (1 + 2 + 3 + 4)
+# rank 0: gloo's all-gather handle: get_future() available: True
+# rank 0: gloo's reduce-scatter handle: get_future() available: False
 # ```
 
 # %% [markdown]
 # The call returned at once and rank 0 computed while the all-reduce waited for the late
 # rank: its completion, noted by a callback on the handle's future, came after the compute
 # began (the times are this run's; the order is what the test checks). After `wait()`, `x`
-# holds the sum, 10 = 1 + 2 + 3 + 4.
+# holds the sum, 10 = 1 + 2 + 3 + 4. Such a callback needs the handle's future, and gloo
+# gives one for an all-gather but not for a reduce-scatter (the last two lines), which is
+# why the figure below can time one and not the other.
 
 
 # %%
@@ -595,7 +606,7 @@ fig.savefig(HERE / "timeline.png")
 # Each rank is a pair of rows: green bars are the blocks' forward and backward computation,
 # blue bars all-gathers from issue to completion (a callback on the collective's future),
 # red ticks reduce-scatters at the moment they were issued (gloo's reduce-scatter handle has
-# no future to time its end). Where a blue bar runs under a green one, communication and
+# no future to time its end, as the previous cell printed). Where a blue bar runs under a green one, communication and
 # computation overlap. The picture changes from run to run with the load on the machine;
 # the order the previous cell printed does not.
 
@@ -621,6 +632,9 @@ show(run, "checkpointing")
 # Output:
 # ```text
 # rank 0: block computations per step: without AC 2, with AC 4
+# rank 0: one block, 32 sequences: kept for backward without AC 15 tensors, 270336 B; with AC 1, 16384 B
+# rank 0: without AC, saved: [32, 8, 16] x2, [32, 8, 1] x4, [256, 16] x5, [32, 4, 8, 4] x4, [32, 4, 8] x1, [32, 8, 64] x1, [256, 64] x1
+# rank 0: any saved [..., 8, 8] (attention probabilities, S x S): False
 # rank 0: peak bytes in forward + backward: without AC «number», with AC «number», ratio «ratio»; lower with AC: True
 # rank 0: gradients with AC equal those without, bitwise: True
 # rank 0: time per forward + backward, with AC / without: «ratio»
@@ -631,10 +645,19 @@ show(run, "checkpointing")
 
 # %% [markdown]
 # Each block computes twice (4 instead of 2): once in forward, once again in backward. The
-# gradients are bitwise the same, since the same operations run on the same inputs. The peak
-# drops on every rank (to about 60 % where we ran it; the test checks below 80 %): the
-# activations inside a block (attention's q, k, v and probabilities, the MLP's 64-wide
-# hidden layer) are no longer held from forward to backward.
+# gradients are bitwise the same, since the same operations run on the same inputs.
+#
+# What checkpointing saves is visible in what autograd keeps (`saved_tensors_hooks` on one
+# plain block, its parameters left out). Without AC a block keeps 15 tensors: the norms'
+# inputs `[32, 8, 16]` and their statistics `[32, 8, 1]`, the inputs of the linear layers
+# (`[256, 16]`: q, k and v share one), attention's q, k, v and output `[32, 4, 8, 4]` and a
+# log-sum-exp `[32, 4, 8]`, the MLP's 64-wide hidden layer before and after the GELU. No
+# `[…, 8, 8]` tensor: the CPU's fused attention kernel keeps no S × S probability matrix; it
+# recomputes the probabilities in backward from the log-sum-exp. With AC the block keeps one
+# tensor: its input. The profiler's peak drops on every rank (the test checks below 80 % of
+# the peak without AC), but by less than the two blocks' kept bytes (2 × 270,336 B down to
+# 2 × 16,384 B): in backward each block's activations are rebuilt, one block at a time, and
+# the peak holds more than the blocks' activations (the head's logits, for one).
 # The price is one more forward per block; on these loaded cores the time ratio is too noisy
 # to read (it is printed, not checked).
 #
@@ -644,7 +667,8 @@ show(run, "checkpointing")
 # device=...)` allocates storage for this rank's shards only, uninitialised, and an
 # `init_weights` fills them. The worker's `init_weights` makes one full parameter at a time
 # from its own generator and keeps this rank's piece (`distribute_tensor(full, mesh,
-# placements, src_data_rank=None)`: each rank cuts its own piece, no messages).
+# placements, src_data_rank=None)`: each rank cuts its own piece). The worker counts the
+# collectives issued meanwhile.
 #
 # **Predict.** How many of the model's bytes does each rank hold after `to_empty`, and is the
 # result equal to building the full model in one process?
@@ -655,7 +679,7 @@ show(run, "meta")
 # %% [markdown]
 # Output:
 # ```text
-# rank 0: built on meta: every parameter on the meta device: True
+# rank 0: built on meta: every parameter on the meta device: True; collectives meanwhile: 0
 # rank 0: after to_empty + init: holds 15424 B of the model's 60160 B; peak while building «number» B, below the full model: True
 # rank 0: parameters equal to one process's init, bitwise: True
 # rank 1: after to_empty + init: holds 15424 B of the model's 60160 B; peak while building «number» B, below the full model: True
@@ -664,16 +688,17 @@ show(run, "meta")
 # ```
 
 # %% [markdown]
-# A quarter of the float64 model plus the replicated pieces (15,424 B of 60,160), and the
-# profiler's peak while building, sharding, allocating and initialising stays below the full
-# model's bytes on every rank: no rank ever held the model. The values are bitwise those of
+# A quarter of the float64 model plus a larger share of what TP replicates (15,424 B of
+# 60,160, where a quarter is 15,040), built without a single collective, and the profiler's
+# peak while building, sharding, allocating and initialising stays below the full model's
+# bytes on every rank: no rank ever held the model. The values are bitwise those of
 # the one-process build, because each parameter's values depend only on its own generator,
 # not on how it is sharded.
 #
 # **Gradient clipping over DTensors.** `torch.nn.utils.clip_grad_norm_` needs the norm of all
 # gradients together, and each rank holds only pieces of them. Over DTensor gradients the
 # norm is a DTensor computation like any other: partial norms on each rank, reduced over the
-# mesh.
+# mesh. The worker records the collectives the call issues.
 #
 # **Predict.** Is the 2-D model's total norm the one-process norm, and are the clipped
 # gradients equal?
@@ -686,20 +711,28 @@ show(run, "clip")
 # ```text
 # rank 0: total norm: one process 1.581103; 2-D a DTensor (Replicate(), Replicate()), gap «number», below 1e-12: True
 # rank 0: clipped gradients vs one process: max gap «number», below 1e-12: True
+# rank 0: collectives in clip_grad_norm_: all-reduce of 29 over [0, 2] (from linalg_vector_norm), all-reduce of 29 over [0, 1] (from linalg_vector_norm)
 # ```
 
 # %% [markdown]
 # The total norm comes back as a DTensor replicated on both mesh dimensions, equal to the
 # one-process norm, and the clipped gradients match to rounding. No special API: the same
-# call as on one process.
+# call as on one process. Its communication is two small all-reduces: each rank computes
+# the norms of its pieces of the 29 gradients, and DTensor reduces the 29 partial norms
+# once over dp, then once over tp. (Rank 0's log also carries DTensor's warning that two
+# sequential all-reduces are suboptimal and that flattening the mesh's two dimensions
+# would allow one.)
 
 # %% [markdown]
 # ## 6. Past one machine: two agents, one rendezvous
 #
 # The launch in section 1 ran two torchrun agents on this machine, each with
 # `--nproc-per-node=2`, both with `--nnodes=2`, the same `--rdzv-id`, `--rdzv-backend=c10d`
-# and `--rdzv-endpoint=127.0.0.1:PORT` (the kit's `launch(..., nnodes=2)`; the first agent
-# hosts the rendezvous store). Two terminals reproduce it:
+# and `--rdzv-endpoint=127.0.0.1:PORT` (the kit's `launch(..., nnodes=2)`, which also gives
+# the first agent `--rdzv-conf=is_host=1`: it hosts the rendezvous store, the other connects
+# to it). Two terminals reproduce it; without `is_host`, each agent whose machine the
+# endpoint names tries to host the store, and the one that finds the port taken connects to
+# it instead:
 #
 # ```sh
 # torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29500 \
@@ -768,7 +801,7 @@ show(run, "nodes")
 #   before the current block computes; backward issues each reduce-scatter while backward
 #   goes on; `async_op=True` + `wait()` does the same by hand.
 # - Activation checkpointing under FSDP2: twice the block computations, identical gradients,
-#   a lower peak. Meta-device init + `to_empty` + a per-parameter init: no rank ever holds
+#   a block keeps only its input, a lower peak. Meta-device init + `to_empty` + a per-parameter init: no rank ever holds
 #   the model. `clip_grad_norm_` over DTensors is the global norm.
 # - Several torchrun agents with one c10d rendezvous make a multi-node job; keep tp inside a
 #   node (last mesh dimension), dp across.

@@ -20,8 +20,16 @@ pytestmark = pytest.mark.multirank
 HERE = Path(__file__).parent
 WORKER = HERE / "worker.py"
 N = 4  # ranks
-P, ROOT, BLOCK = 7520, 1088, 3216  # parameters of the model, of its FSDP root unit, of a block
-H, V, S, BATCH = 16, 32, 8, 8
+WORKER_MODULE = import_file(WORKER)
+MODEL = dict(WORKER_MODULE.Model().named_parameters())  # {name: parameter}: sizes only
+P = sum(p.numel() for p in MODEL.values())  # parameters of the model
+ROOT = sum(p.numel() for n, p in MODEL.items() if not n.startswith("blocks."))  # FSDP's root unit
+BLOCK = sum(p.numel() for n, p in MODEL.items() if n.startswith("blocks.0."))  # one block
+N_PARAMS = len(MODEL)
+# What the TP plan leaves whole on every tp rank: the norms and the rowwise layers' biases.
+REPLICATED = {n for n in MODEL if ".norm" in n or n.startswith("norm.") or n.endswith("down.bias")}
+NORMS = [n for n in REPLICATED if "norm" in n]  # their gradients are Partial under SP
+H, V, S, BATCH, HEADS, BIG = 16, 32, 8, 8, 4, 32
 E = 4  # bytes per float32 element (section 3)
 
 
@@ -69,11 +77,13 @@ def test_launch_succeeded(lesson):
 
 
 def test_mesh_groups(lesson):
-    assert text(lesson, "mesh")[:3] == ["mesh [[0, 1], [2, 3]], dims ('dp', 'tp')",
-                                        "dp group [0, 2], tp group [0, 1]", "attention heads per rank 2 of 4"]
+    assert text(lesson, "mesh")[0] == "mesh [[0, 1], [2, 3]], dims ('dp', 'tp')"
+    assert text(lesson, "mesh")[2] == f"attention heads per rank {HEADS // 2} of {HEADS}"
     for rank in range(N):  # a tp group is a row of the grid, a dp group a column
         row, col = divmod(rank, 2)
-        assert f"dp group {[col, col + 2]}, tp group {[2 * row, 2 * row + 1]}" in text(lesson, "mesh", rank)
+        dp, tp = [col, col + 2], [2 * row, 2 * row + 1]
+        assert (f"dp group {dp}, tp group {tp}; all_reduce of the ranks over dp {sum(dp)}, over tp {sum(tp)}"
+                in text(lesson, "mesh", rank))
 
 
 def test_placements(lesson):
@@ -182,14 +192,21 @@ def test_tp_bytes(lesson):
 
 
 def test_partial_gradients(lesson):
-    got = text(lesson, "comms")
-    assert "Partial gradients, TP+SP and AdamW: 10 after backward; all-reduces in the optimizer step 30" in got
-    assert "Partial gradients, TP+SP and SGD: 10 after backward; all-reduces in the optimizer step 10" in got
+    got, n = text(lesson, "comms"), len(NORMS)
+    assert n == 10  # 2 blocks x 2 norms + the final norm, a weight and a bias each
+    # AdamW reads each Partial gradient three times: lerp_ (first moment), addcmul_(g, g) (second)
+    assert (f"Partial gradients, TP+SP and AdamW: {n} after backward; all-reduces in the optimizer step "
+            f"{3 * n}: addcmul_ {2 * n}, lerp_ {n}") in got
+    assert f"Partial gradients, TP+SP and SGD: {n} after backward; all-reduces in the optimizer step {n}: add_ {n}" in got
+    assert f", {n} all-reduce, " in the(got, "2-D    backward ")  # with FSDP: once each, in backward
+    assert "2-D    optimizer none" in got
 
 
 def test_two_d_and_hsdp_bytes(lesson):
     got, rows = text(lesson, "comms"), comm_rows(lesson)
-    local, root = 3856, 560  # a tp rank's parameters (P/2 + 96 held whole), its root unit
+    half = {n: p.numel() if n in REPLICATED else p.numel() // 2 for n, p in MODEL.items()}  # one tp rank's
+    local = sum(half.values())
+    root = sum(v for n, v in half.items() if not n.startswith("blocks."))
     assert f"2-D    a tp rank's parameters {local} elements (P/tp = {P // 2}), root unit {root}" in got
     two = payloads(lesson, "2-D")
     a, logits = BATCH // 2 * S * H * E, BATCH // 2 * S * V * E  # a dp group's 4 sequences
@@ -220,10 +237,12 @@ def test_prefetch_order(lesson):
 
 
 def test_async_handle(lesson):
-    line, last = text(lesson, "async")
+    line, last, gather, scatter = text(lesson, "async")
     began, computed, _, waited = map(float, re.findall(r"(\d+\.\d) ms", line))
     assert began <= computed <= waited, line  # issued, computed, then waited
     assert last == "compute began before the collective completed: True; x after wait() 10 (1 + 2 + 3 + 4)"
+    assert gather == "gloo's all-gather handle: get_future() available: True"
+    assert scatter == "gloo's reduce-scatter handle: get_future() available: False"  # the timeline's ticks
 
 
 def test_timeline_figure(lesson):
@@ -250,27 +269,45 @@ def test_checkpointing(lesson):
     got = text(lesson, "checkpointing")
     assert got[0] == "block computations per step: without AC 2, with AC 4"
     assert "gradients with AC equal those without, bitwise: True" in got
+    line = the(got, "one block, ")
+    m = re.fullmatch(rf"one block, {BIG} sequences: kept for backward without AC (\d+) tensors, (\d+) B; "
+                     rf"with AC 1, {BIG * S * H * 4} B", line)  # with AC: only the block's float32 input
+    assert m, line
+    kept_off, kept_on = int(m[2]), BIG * S * H * 4
+    saved = the(got, "without AC, saved: ")
+    head = H // HEADS
+    assert f"[{BIG}, {HEADS}, {S}, {head}] x4, [{BIG}, {HEADS}, {S}] x1" in saved  # q, k, v, output; lse
+    assert f"[{BIG}, {S}, {4 * H}] x1" in saved  # the MLP's hidden layer
+    assert the(got, "any saved [") == f"any saved [..., {S}, {S}] (attention probabilities, S x S): False"
     for rank in range(N):
         line = the(text(lesson, "checkpointing", rank), "peak bytes")
         off, on = map(int, re.findall(r"AC (\d+)", line))
         assert on < 0.8 * off and line.endswith("lower with AC: True"), line
+        assert off - on < 2 * (kept_off - kept_on), line  # less than the two blocks' kept bytes
 
 
 def test_meta_init(lesson):
-    assert text(lesson, "meta")[0] == "built on meta: every parameter on the meta device: True"
+    assert text(lesson, "meta")[0] == ("built on meta: every parameter on the meta device: True; "
+                                       "collectives meanwhile: 0")
     assert "parameters equal to one process's init, bitwise: True" in text(lesson, "meta")
+    rep = sum(MODEL[n].numel() for n in REPLICATED)
     for rank in range(N):
         line = the(text(lesson, "meta", rank), "after to_empty")
         held, full, peak = map(int, re.findall(r"(\d+) B", line))
-        assert full == P * 8 and held == (P // 4 + 48) * 8  # a quarter, plus the pieces tp replicates
+        # float64: a quarter of what TP splits, half of what it replicates (FSDP splits it over dp)
+        assert full == P * 8 and held == ((P - rep) // 4 + rep // 2) * 8, line
         assert peak < full and line.endswith("below the full model: True"), line
 
 
 def test_clip(lesson):
     got = text(lesson, "clip")
     assert "a DTensor (Replicate(), Replicate())" in got[0]
-    found = gaps(got)
+    found = gaps(got[:2])
     assert len(found) == 2 and all(g < 1e-12 for g, _ in found)
+    assert got[2] == (f"collectives in clip_grad_norm_: all-reduce of {N_PARAMS} over [0, 2] (from linalg_vector_norm), "
+                      f"all-reduce of {N_PARAMS} over [0, 1] (from linalg_vector_norm)")  # one norm per gradient
+    err = lesson.ns["run"].err[0]
+    assert "2 sequential all_reduce operations will be performed" in err  # DTensor's warning, in the log
 
 
 # ---------------------------------------------------------------------------------- 6. nodes
@@ -325,16 +362,18 @@ def test_bytes_figure(lesson):
 
 
 @pytest.mark.multigpu
-def test_two_d_step_on_nccl():
+def test_two_d_step_on_nccl(record_property):
     """Unverified on hardware: written on a machine without GPUs. Needs 4 CUDA devices."""
     if torch.cuda.device_count() < 4:
         pytest.skip(f"needs 4 CUDA devices: torch.cuda.device_count() is {torch.cuda.device_count()}")
     run = launch(WORKER, ["twod", "--backend", "nccl"], nproc=4, timeout=300)
+    record_property("2-D step on NCCL, 4 ranks: launch wall time [s]", round(run.seconds, 1))
     assert run.ok, run.describe()
     out = run.out[0].splitlines()
     assert "rank 0: mesh [[0, 1], [2, 3]], dims ('dp', 'tp')" in out
-    assert "rank 0: attention heads per rank 2 of 4" in out
+    assert f"rank 0: attention heads per rank {HEADS // 2} of {HEADS}" in out
     (found,) = gaps([the(out, "rank 0: after one AdamW step")])
+    record_property("2-D step on NCCL vs one process, float64: max parameter gap [abs]", found[0])
     assert found[0] < 1e-12
 
 
@@ -369,7 +408,6 @@ def matches_ddp(got):
     assert len(found) == 2 and all(g < 1e-12 for g, _ in found), line
 
 
-N_PARAMS = len(list(import_file(WORKER).Model().parameters()))
 
 
 @pytest.mark.exercise("all_reduce_grads")

@@ -239,7 +239,13 @@ def show_twod(device):
     heading("mesh")
     mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))
     shared(f"mesh {mesh.mesh.tolist()}, dims {mesh.mesh_dim_names}")
-    say(f"dp group {mesh['dp'].mesh.tolist()}, tp group {mesh['tp'].mesh.tolist()}")
+    sums = {}
+    for dim in ("dp", "tp"):  # each rank's own rank, summed over one of its groups
+        x = torch.tensor([dist.get_rank()], device=device)
+        dist.all_reduce(x, group=mesh[dim].get_group())
+        sums[dim] = x.item()
+    say(f"dp group {mesh['dp'].mesh.tolist()}, tp group {mesh['tp'].mesh.tolist()}; "
+        f"all_reduce of the ranks over dp {sums['dp']}, over tp {sums['tp']}")
     model = make_2d(mesh, device=device)
     shared(f"attention heads per rank {model.blocks[0].attn.heads} of {HEADS}")
     heading("placements")
@@ -299,15 +305,17 @@ QUIET = {"wait_tensor", "_wrap_tensor_autograd"}  # funcol bookkeeping, not coll
 
 class Wire(TorchDispatchMode):
     """Records every collective dispatched while it is active: its kind, its group's ranks,
-    the elements of the full tensor it works on, and when it was issued and completed.
-    DTensor ops are let through first (NotImplemented), to see the collectives they become."""
+    the elements of the full tensor it works on, when it was issued and completed, and the
+    last DTensor op seen before it (the op whose redistribution issued it). DTensor ops are
+    let through first (NotImplemented), to see the collectives they become."""
 
     def __init__(self):
         super().__init__()
-        self.calls, self.start, self.phase = [], time.perf_counter(), ""
+        self.calls, self.start, self.phase, self.op = [], time.perf_counter(), "", None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(issubclass(t, DTensor) for t in types):
+            self.op = func.overloadpacket.__name__
             return NotImplemented
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
@@ -330,7 +338,7 @@ class Wire(TorchDispatchMode):
         tensors = tensors if isinstance(tensors, (list, tuple)) else [tensors]
         size = sum(t.numel() for t in tensors) * (group.size() if kind == "all-gather" and not groups else 1)
         call = {"kind": kind, "ranks": dist.get_process_group_ranks(group), "numel": size, "phase": self.phase,
-                "bytes": size * tensors[0].element_size(), "issued": self.now(), "done": None}
+                "bytes": size * tensors[0].element_size(), "issued": self.now(), "done": None, "op": self.op}
         self.calls.append(call)
         if groups:  # the work runs on gloo's threads: note when it completes
             try:
@@ -489,9 +497,12 @@ def show_partial(device):
         model = tp_plan(build(torch.float32, device), flat)
         wire, _ = one_step(model, tokens, opt)
         partial = [p for p in model.parameters() if p.grad is not None and p.grad.placements[0].is_partial()]
-        n = sum(c["phase"] == "optimizer" for c in wire.calls)
+        ops = {}  # the DTensor op whose read of a Partial gradient issued each all-reduce
+        for call in (c for c in wire.calls if c["phase"] == "optimizer"):
+            ops[call["op"]] = ops.get(call["op"], 0) + 1
         shared(f"Partial gradients, TP+SP and {opt.__name__}: {len(partial)} after backward; "
-               f"all-reduces in the optimizer step {n}")
+               f"all-reduces in the optimizer step {sum(ops.values())}: "
+               + ", ".join(f"{op} {n}" for op, n in sorted(ops.items())))
 
 
 # ----------------------------------------------------------------------------- 4. overlap
@@ -586,13 +597,14 @@ def step_time(model, tokens, repeat=3):
 
 def show_async(device):
     """async_op=True: issue, compute, wait. The last rank joins late (a slow peer), so the
-    collective is still in flight while the others compute."""
+    collective is still in flight while the others compute. Then: which gloo handles have a
+    future to note their completion (the timeline's reduce-scatters have none)."""
     rank, last = dist.get_rank(), dist.get_world_size() - 1
     x = torch.full((1024,), float(rank + 1), device=device)
     a = torch.randn(64, 64, device=device)
     dist.barrier()  # all ranks start here together
     if rank == last:
-        time.sleep(0.2)  # a slow peer: the all-reduce cannot finish before it joins
+        time.sleep(0.5)  # a slow peer: the all-reduce cannot finish before it joins
     start, done = time.perf_counter(), []
     work = dist.all_reduce(x, async_op=True)  # returns at once with a handle
     noted = work.get_future().then(lambda _: done.append(time.perf_counter() - start))
@@ -608,6 +620,19 @@ def show_async(device):
             f"the collective completed {1e3 * done[0]:.1f} ms, wait() returned {1e3 * waited:.1f} ms")
         say(f"compute began before the collective completed: {began < done[0]}; "
             f"x after wait() {x[0].item():.0f} (1 + 2 + 3 + 4)")
+    shard, full = torch.ones(8, device=device), torch.ones(8 * dist.get_world_size(), device=device)
+    for kind, issue, args in (("all-gather", dist.all_gather_single, (full.clone(), shard)),
+                              ("reduce-scatter", dist.reduce_scatter_single, (shard.clone(), full))):
+        work = issue(*args, async_op=True)
+        try:
+            work.get_future()
+            has = True
+        except RuntimeError as e:  # gloo: "Work::getFuture not implemented."
+            if "not implemented" not in str(e):
+                raise
+            has = False
+        work.wait()
+        shared(f"gloo's {kind} handle: get_future() available: {has}")
 
 
 # ----------------------------------------------------------------------------- 5. memory
@@ -650,11 +675,44 @@ def ac_run(device, on, tokens):
     return peak, runs, grads, step_time(model, tokens)
 
 
+def kept(block, x):
+    """What autograd keeps for backward while `block` runs forward on x, its parameters left
+    out: (distinct tensors, their bytes, the shapes as saved: a view counts once per save)."""
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    storages, shapes = {}, []
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            shapes.append(list(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    return len(storages), sum(storages.values()), shapes
+
+
+def show_kept(device):
+    """One plain float32 block on BIG sequences, without and with checkpointing."""
+    block, x = Block().to(device), torch.randn(BIG, S, H, device=device, requires_grad=True)
+    n_off, b_off, shapes = kept(block, x)
+    block.checkpointed = True
+    n_on, b_on, _ = kept(block, x)
+    shared(f"one block, {BIG} sequences: kept for backward without AC {n_off} tensors, {b_off} B; "
+           f"with AC {n_on}, {b_on} B")
+    counts = {}
+    for shape in shapes:
+        counts[str(shape)] = counts.get(str(shape), 0) + 1
+    shared("without AC, saved: " + ", ".join(f"{k} x{n}" for k, n in counts.items()))
+    shared(f"any saved [..., {S}, {S}] (attention probabilities, S x S): {any(s[-2:] == [S, S] for s in shapes)}")
+
+
 def show_checkpointing(device):
     heading("checkpointing")
     _, mine = batch(device, 4, dist.get_rank(), size=4 * BIG)
     off, on = ac_run(device, False, mine), ac_run(device, True, mine)
     shared(f"block computations per step: without AC {off[1]}, with AC {on[1]}")
+    show_kept(device)
     say(f"peak bytes in forward + backward: without AC {off[0]}, with AC {on[0]}, ratio {on[0] / off[0]:.2f}; "
         f"lower with AC: {on[0] < off[0]}")
     same = all(torch.equal(a, b) for a, b in zip(off[2], on[2]))
@@ -672,10 +730,13 @@ def show_meta(device):
         model.to_empty(device=device)  # storage for this rank's shards, uninitialised
         return init_weights(model), on_meta
 
-    (model, on_meta), peak = profiled(materialise)
+    wire = Wire()  # every collective while building, sharding, allocating, initialising
+    with wire:
+        (model, on_meta), peak = profiled(materialise)
     full = sum(p.numel() for p in model.parameters()) * 8
     local = sum(p.to_local().numel() for p in model.parameters()) * 8
-    shared(f"built on meta: every parameter on the meta device: {on_meta}")
+    shared(f"built on meta: every parameter on the meta device: {on_meta}; collectives meanwhile: "
+           f"{len(wire.calls)}")
     say(f"after to_empty + init: holds {local} B of the model's {full} B; peak while building {peak} B, "
         f"below the full model: {peak < full}")
     ref = build(device=device)
@@ -688,11 +749,15 @@ def show_clip(device, mesh, model, ref):
     tokens, mine = batch(device, 2, mesh.get_local_rank("dp"))
     loss_fn(model, mine).backward()
     loss_fn(ref, tokens).backward()
-    total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
+    wire = Wire()
+    with wire:
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
     expect = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm=0.5)
     shared(f"total norm: one process {expect.item():.6f}; 2-D a {type(total).__name__} {total.placements}, "
            f"gap {below(abs(total.full_tensor().item() - expect.item()))}")
     shared(f"clipped gradients vs one process: max gap {below(model_gap(model, ref, grads=True))}")
+    shared("collectives in clip_grad_norm_: " + ", ".join(
+        f"{c['kind']} of {c['numel']} over {c['ranks']} (from {c['op']})" for c in wire.calls))
 
 
 def show_memory(device):
