@@ -13,11 +13,11 @@
 # - what happens to a value outside a format's range or between two of its numbers;
 # - why weights and optimizer state stay in float32 while the matmuls run in 16 bits;
 # - how loss scaling keeps small float16 gradients alive, and the skip/halve/double rule of
-#   `torch.amp.GradScaler`;
+#   `torch.amp.GradScaler`; the two fp8 formats, and why each fp8 tensor gets a scale;
 # - which ops CPU autocast runs in bfloat16, where it differs from CUDA autocast, and what
 #   a 16-bit matmul costs on your CPU;
-# - a whole mixed-precision training step in order (unscale before clipping), and why
-#   bfloat16 needs no scaler;
+# - a whole mixed-precision training step in order (unscale before clipping), why
+#   bfloat16 needs no scaler, and what a float16 forward overflow does to a scaler;
 # - the bytes per parameter a mixed-precision AdamW step keeps, measured;
 # - that `torch.optim.AdamW` is a few lines of NumPy, matched to rounding level.
 #
@@ -25,7 +25,8 @@
 # idea of a gradient step.
 #
 # **How to run:** `python lessons/05_precision/precision.py` or `make lesson N=05` from the
-# repository root, or open `precision.ipynb`. Everything runs on the CPU in a few seconds.
+# repository root, or open `precision.ipynb`. Everything runs on the CPU, within the
+# lesson's budget of 30 seconds on a shared 2-core machine.
 # Whether a 16-bit matrix multiply is fast on a CPU depends on its instruction set: section
 # 4 measures it on yours. Where the CPU has no 16-bit matrix instructions it can be tens of
 # times slower than float32, so every low-precision matmul here is tiny on purpose. Each
@@ -170,9 +171,39 @@ print(f"float32 step in [1, 2): {ulp:.3g}; one addition moves 1.0 by {moved:.6g}
 # 2**-23 = 1.19e-7 apart, and 1e-4 is 838.86 of those steps: each addition rounds to 839
 # steps, 1.7e-8 too much, and 10,000 of them add up to 1.7e-4, which prints as 2.0002.
 # (The rounding is IEEE arithmetic on one scalar: these digits are the same on every CPU.)
-# A typical optimizer update is 1e-3 to 1e-5 of the weight it changes, below bfloat16's
-# half-step of 0.4%, so a model whose weights were stored in bfloat16 would mostly stop
-# learning.
+#
+# **Predict.** The weights of a freshly initialised layer are about 0.02 in size, and an
+# Adam step moves each one by about the learning rate. Store 10,000 such weights in
+# bfloat16 and add ±lr to each: what share of them does not move at all, for lr = 1e-3,
+# 1e-4 and 1e-5? And in float32?
+
+# %%
+gen = torch.Generator().manual_seed(3)  # a generator of its own: later cells' data unchanged
+w = torch.randn(10_000, generator=gen) * 0.02  # (10000,) weights of a typical initialisation
+w_bf16 = w.to(torch.bfloat16)
+stuck = {}
+for lr in (1e-3, 1e-4, 1e-5):
+    update = lr * torch.randn(10_000, generator=gen).sign()  # (10000,) about lr each, either sign
+    stuck[lr] = (((w_bf16.float() + update).to(torch.bfloat16) == w_bf16).float().mean().item(),
+                 ((w + update) == w).float().mean().item())
+    print(f"lr {lr:g}: weights that do not move: bfloat16 {stuck[lr][0]:5.1%}, "
+          f"float32 {stuck[lr][1]:.1%}")
+
+# %% [markdown]
+# Output:
+# ```text
+# lr 0.001: weights that do not move: bfloat16  0.0%, float32 0.0%
+# lr 0.0001: weights that do not move: bfloat16 11.8%, float32 0.0%
+# lr 1e-05: weights that do not move: bfloat16 84.5%, float32 0.0%
+# ```
+#
+# A bfloat16 weight moves only if the update is more than half the step between bfloat16
+# numbers at that weight, which is 0.2% to 0.4% of the weight itself (2**-9 to 2**-8 of
+# it). At lr = 1e-3 every update is larger than that. At 1e-4 the weights of 2**-5 =
+# 0.031 or more are stuck (there bfloat16's numbers are 2.4e-4 apart); at 1e-5, a learning
+# rate a decaying schedule reaches, most of them are. And a weight that does move lands on
+# a bfloat16 number: it moves by a whole step, not by the update it was given. In float32
+# every one of them moves, by the update.
 # Mixed precision therefore keeps a float32 *master copy* of the weights, and the
 # optimizer's running averages in float32 too; only the products that read them run in 16
 # bits.
@@ -204,12 +235,13 @@ print(f"x 1024, stored, / 1024    {fmt(scaled.tolist(), '.4g')}")
 # Stored directly, 1e-8 underflows to 0 and 2e-7 lands among the subnormals, which are
 # 6e-8 apart: 1.788e-7 is 11% off. Multiplied by 1024, 2e-7 becomes 2e-4, a normal
 # float16 number with all 11 bits of precision, and comes back exact to 4 digits. 1e-8
-# becomes 1e-5: still a subnormal, but now 170 steps of 6e-8 instead of a fraction of one,
-# so it comes back 0.1% off instead of lost. Dividing by 1024 (a power of two) adds no
-# error of its own. A larger scale would lift 1e-8 into the normal range too; that is
-# what the dynamic scaler below does, starting at 65,536. In training you scale the *loss*: by the
-# chain rule every gradient is then scaled by the same factor. The catch is the other end
-# of the range: scale too much and a large gradient overflows to inf.
+# becomes 1.02e-5: still a subnormal, but now 172 steps of 6e-8 instead of a fraction of
+# one, so it comes back 0.1% off instead of lost. Dividing by 1024 (a power of two) adds no
+# error of its own (the test checks both). A larger scale would lift 1e-8 into the normal
+# range too; that is what the dynamic scaler below does, starting at 65,536. In training
+# you scale the *loss*: by the chain rule every gradient is then scaled by the same factor.
+# The catch is the other end of the range: scale too much and a large gradient overflows
+# to inf.
 #
 # ### A dynamic loss scaler
 #
@@ -262,11 +294,11 @@ class Recorder(torch.optim.Optimizer):
         self.seen.append(self.param_groups[0]["params"][0].grad.clone())
 
 
-def torch_trace(true_grads, interval, scale=2.0**16):
-    """The same run driven through torch.amp.GradScaler on the CPU."""
+def torch_trace(true_grads, interval, scale=2.0**16, scaler=None):
+    """The same run driven through torch.amp.GradScaler on the CPU (pass `scaler` to keep it)."""
     p = torch.nn.Parameter(torch.zeros(3))
     opt = Recorder([p])
-    scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=interval)
+    scaler = scaler or torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=interval)
     trace = []
     for grad in true_grads:
         scaler.scale(torch.ones(()))  # a stand-in loss (the first call creates the scale tensor)
@@ -282,14 +314,18 @@ def action(unscaled):
     return "skip" if unscaled is None else "step"
 
 
-ours, theirs = our_trace(TRUE_GRADS, GROWTH_INTERVAL), torch_trace(TRUE_GRADS, GROWTH_INTERVAL)
+scaler = torch.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL)  # starts at 2**16
+ours = our_trace(TRUE_GRADS, GROWTH_INTERVAL)
+theirs = torch_trace(TRUE_GRADS, GROWTH_INTERVAL, scaler=scaler)  # the scaler is kept: its next scale
 print("step  ours: scale   action  GradScaler: scale   action")
 for k, ((s1, g1), (s2, g2)) in enumerate(zip(ours, theirs), start=1):
     print(f"{k:4d}  {s1:11.0f}   {action(g1):6}  {s2:17.0f}   {action(g2)}")
 same = all(s1 == s2 and action(g1) == action(g2) and (g1 is None or torch.equal(g1, g2))
            for (s1, g1), (s2, g2) in zip(ours, theirs))
 print(f"same scales, decisions and unscaled gradients: {same}")
-print(f"smallest gradient after unscaling: {ours[-1][1][0].item():.3g}")
+print(f"scale after step 10 (for step 11): {scaler.get_scale():.0f}")
+smallest = sorted({f"{u[0].item():.3g}" for _, u in theirs if u is not None})
+print(f"smallest gradient after unscaling, in every step that ran: {smallest}")
 
 # %% [markdown]
 # Output:
@@ -306,7 +342,8 @@ print(f"smallest gradient after unscaling: {ours[-1][1][0].item():.3g}")
 #    9        32768   step                32768   step
 #   10        32768   step                32768   step
 # same scales, decisions and unscaled gradients: True
-# smallest gradient after unscaling: 1e-08
+# scale after step 10 (for step 11): 65536
+# smallest gradient after unscaling, in every step that ran: ['1e-08']
 # ```
 #
 # Step 3: 3.0 × 65,536 overflows, so the step is skipped and the scale halves. Step 4: 3.0
@@ -314,9 +351,87 @@ print(f"smallest gradient after unscaling: {ours[-1][1][0].item():.3g}")
 # two clean steps before the overflow do not count towards growth: the clean-step counter
 # restarts at every overflow. Steps 5, 6, 7 are three clean steps in a row, so the scale
 # doubles *after* step 7 and step 8 runs at 32,768; step 10 completes the next run of
-# three, so step 11 would run at 65,536. A skipped step costs one batch; it does not
-# corrupt the weights, because the inf never reaches the optimizer. And the 1e-8 gradient,
-# lost in plain float16, comes out of every step intact.
+# three, so step 11 runs at 65,536. A skipped step costs one batch; it does not corrupt
+# the weights, because the inf never reaches the optimizer (this lesson's test runs the
+# training step of section 5 on a batch that overflows and checks that no weight moved).
+# And the 1e-8 gradient, lost in plain float16, comes out of every step that ran intact.
+
+# %% [markdown]
+# ### 8-bit floats: a scale for every tensor
+#
+# GPUs from NVIDIA's H100 on multiply 8-bit floats. PyTorch has two such formats for
+# training: `float8_e4m3fn` (4 exponent bits, 3 mantissa bits; "fn": finite, it has no inf)
+# and `float8_e5m2`. `torch.finfo` describes them like the others, on any machine.
+#
+# **Predict.** What are their largest numbers and their steps at 1.0? Store 1000, 100,000,
+# inf and 1e-3 in each: what comes back?
+
+# %%
+FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+for name, dtype in FP8.items():
+    e, m, big, tiny, sub, eps = format_row(dtype)
+    print(f"{name:13} exponent {e}, mantissa {m}: largest {big:g}, smallest normal {tiny:.3g}, "
+          f"subnormals down to {sub:.3g}, step at 1 {eps:g}")
+for v in (1000.0, 1e5, math.inf, 1e-3):
+    print(f"{v:>6g} stored as " + ", ".join(f"{name} {stored(v, dtype):g}" for name, dtype in FP8.items()))
+
+# %% [markdown]
+# Output:
+# ```text
+# float8_e4m3fn exponent 4, mantissa 3: largest 448, smallest normal 0.0156, subnormals down to 0.00195, step at 1 0.125
+# float8_e5m2   exponent 5, mantissa 2: largest 57344, smallest normal 6.1e-05, subnormals down to 1.53e-05, step at 1 0.25
+#   1000 stored as float8_e4m3fn 448, float8_e5m2 1024
+# 100000 stored as float8_e4m3fn 448, float8_e5m2 inf
+#    inf stored as float8_e4m3fn 448, float8_e5m2 inf
+#  0.001 stored as float8_e4m3fn 0.00195312, float8_e5m2 0.000976562
+# ```
+#
+# Eight bits leave little of either. float8_e4m3fn keeps 3 mantissa bits (a step of 1/8
+# at 1.0) and stops at 448 = 1.75 × 2**8 (having no inf, it uses the top exponent, which
+# other formats keep for inf and NaN, for numbers: only the all-ones code is NaN); float8_e5m2 has float16's 5 exponent bits, so nearly its range
+# (up to 57,344), and 2 mantissa bits. Out of range they differ: in PyTorch 2.13.0 a cast to
+# float8_e4m3fn *saturates*, 1000, 100,000 and even inf become 448, while float8_e5m2
+# rounds 1000 to 1024 and overflows to inf past its range, as float16 does. At the small end, 1e-3 is about half of float8_e4m3fn's smallest
+# subnormal (2**-9 = 0.00195) and rounds up to it: 95% off.
+#
+# **Predict.** A tensor of small values (a gradient, say: 1e-3 times a normal sample) is
+# stored in each format directly, and again after multiplying it by the format's largest
+# number over the tensor's largest magnitude (then dividing back in float32). How large is
+# the error each way?
+
+# %%
+t8 = torch.randn(1000, generator=torch.Generator().manual_seed(4)) * 1e-3  # (1000,)
+amax = t8.abs().max()  # the tensor's largest magnitude
+
+
+def rel_error(approx):
+    return ((approx - t8).norm() / t8.norm()).item()
+
+
+fp8_errors = {}
+for name, dtype in FP8.items():
+    direct8 = t8.to(dtype).float()
+    scale8 = torch.finfo(dtype).max / amax  # the largest value lands on the format's largest
+    scaled8 = (t8 * scale8).to(dtype).float() / scale8
+    fp8_errors[name] = (rel_error(direct8), (direct8 == 0).float().mean().item(), rel_error(scaled8))
+    print(f"{name:13} stored directly: error {fp8_errors[name][0]:5.1%} ({fp8_errors[name][1]:.0%} "
+          f"became 0); scaled by max/amax: error {fp8_errors[name][2]:.1%}")
+
+# %% [markdown]
+# Output:
+# ```text
+# float8_e4m3fn stored directly: error 55.9% (65% became 0); scaled by max/amax: error 2.8%
+# float8_e5m2   stored directly: error  5.4% (1% became 0); scaled by max/amax: error 5.2%
+# ```
+#
+# float8_e4m3fn cannot hold values this small: nearly two thirds of them become 0. Scaled
+# so that the largest one lands on 448, nearly all fall in its normal range and keep 3
+# bits each. float8_e5m2 reaches down to 1.5e-5 and needs no scale here, but with 2
+# mantissa bits its error, scaled or not, is twice that of scaled e4m3. This is loss
+# scaling again, for every tensor and with a scale of its own: fp8 training keeps a scale
+# per tensor, computed from its largest magnitude (its *amax*), and multiplies with
+# `torch._scaled_mm`, which takes the two fp8 tensors and their scales. This lesson's CUDA
+# test measures its rate against bfloat16's.
 
 # %% [markdown]
 # ## 4. Autocast on the CPU: which ops run in bfloat16
@@ -426,11 +541,35 @@ print(f"loss on fp32 logits {loss_fp32.item():.4f} ({loss_fp32.dtype})")
 # loss on fp32 logits 3.5418 (torch.float32)
 # ```
 #
-# Same logits, two answers 0.02 apart. The bfloat16 loss is a bfloat16 number (near 3.5
-# they are 1/64 = 0.016 apart), and the log-sum-exp behind it was computed in bfloat16
-# too, so it misses the float32 value by more than one of those steps. `logits.float()`
-# costs one small cast and makes the loss, and the start of the backward pass, float32 on
-# every device.
+# Same logits, two answers 0.02 apart. The bfloat16 loss is a bfloat16 number, and near
+# 3.5 those are 1/64 = 0.016 apart, but that alone would cost at most half a step.
+#
+# **Predict.** Where does the rest come from? Round the float32 loss to bfloat16 once;
+# round the exact log-probabilities to bfloat16 and let `nll_loss` average them; average
+# the same rounded log-probabilities in float32.
+
+# %%
+nearest = loss_fp32.to(torch.bfloat16)  # the float32 loss, rounded once
+logp = F.log_softmax(logits.float(), dim=-1).to(torch.bfloat16)  # (B, C) rounded log-probs
+picked = -logp.float()[torch.arange(len(labels)), labels]  # (B,) the terms of the loss
+print(f"float32 loss rounded to bfloat16 once:           {nearest.item():.4f}")
+print(f"nll_loss of the rounded log-probs (in bfloat16): {F.nll_loss(logp, labels).item():.4f}")
+print(f"the same rounded log-probs averaged in float32:  {picked.mean().item():.4f}")
+
+# %% [markdown]
+# Output:
+# ```text
+# float32 loss rounded to bfloat16 once:           3.5469
+# nll_loss of the rounded log-probs (in bfloat16): 3.5625
+# the same rounded log-probs averaged in float32:  3.5437
+# ```
+#
+# Rounding the answer once gives 3.5469, 0.005 off; rounding each log-probability costs
+# about as little (3.5437, averaged in float32). `nll_loss` on bfloat16 input lands a whole
+# bfloat16 step further, on the loss above: no single rounding of a float32 result gives
+# that. Its running sums are bfloat16 numbers too, rounded to 8 bits at every addition as
+# in section 2. `logits.float()` costs one small cast and makes the
+# loss, and the start of the backward pass, float32 on every device.
 #
 # ### What a 16-bit matmul costs on this CPU
 #
@@ -596,8 +735,46 @@ print(f"norm reaching SGD: {wrong_rows[0]['used']:.3g} = {MAX_NORM} / "
 # would log) is 65,536 times the true one, and it cut the gradients down to norm 0.5 *in
 # scaled units*. `unscale_` then divided by 65,536: the optimizer stepped with a gradient
 # 65,536 times too small, and nothing failed. With SGD the model just stops learning.
-# Adam divides by the gradient's own running size, so its steps barely change: the bug
-# hides, and the clipping you asked for silently does nothing. Unscale first, then clip.
+#
+# **Predict.** Adam divides each gradient by its own running size. Run the four steps with
+# `torch.optim.Adam` (lr 1e-3) in both orders: how far do the weights move with the bug,
+# compared with the right order? And with Adam's `eps` set to 0?
+
+
+# %%
+def adam_moves(clip_first, eps=1e-8):
+    """(P,) how far 4 fp16 steps of Adam move every weight, in the order of train_step."""
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=eps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)  # a constant lr
+    scaler = torch.amp.GradScaler("cpu")
+    before = torch.cat([p.detach().flatten() for p in model.parameters()])
+    for x, y in zip(xs.split(16), ys.split(16)):
+        train_step(model, opt, sched, scaler, x, y, torch.float16, clip_first)
+    return torch.cat([p.detach().flatten() for p in model.parameters()]) - before
+
+
+adam = {eps: (adam_moves(False, eps), adam_moves(True, eps)) for eps in (1e-8, 0.0)}
+for eps, (right, wrong) in adam.items():
+    cos = F.cosine_similarity(right, wrong, dim=0).item()
+    print(f"Adam, eps {eps:g}: with the bug the weights move {wrong.norm() / right.norm():.2f} x "
+          f"as far, direction cosine {cos:.2f}")
+
+# %% [markdown]
+# Output:
+# ```text
+# Adam, eps 1e-08: with the bug the weights move 0.91 x as far, direction cosine 0.99
+# Adam, eps 0: with the bug the weights move 1.00 x as far, direction cosine 1.00
+# ```
+#
+# Adam's update is the gradient's running average over the square root of its running
+# square: multiply every gradient by the same factor and it cancels, except against `eps`.
+# With the bug each step's gradient is the right order's gradient divided by 65,536 (up
+# to rounding), so with `eps` 0 the weights move the same way; the default `eps` of 1e-8 is
+# no longer negligible next to gradients that are now about 1e-7, and the steps come out
+# about a tenth shorter. The bug
+# hides: training looks normal, and the clipping you asked for silently does nothing.
+# Unscale first, then clip.
 #
 # ### bfloat16 needs no scaler
 #
@@ -649,6 +826,56 @@ print(f"bfloat16, 4 steps without a scaler: scale {bf16_rows[0]['scale']:.0f}, "
 # give the float16 run's losses to 2 decimals. bfloat16 pays in precision
 # instead, 8 bits against float16's 11, which is why the weights and the sums stay in
 # float32 (section 2).
+
+# %% [markdown]
+# ### A forward pass that overflows float16
+#
+# Loss scaling protects the gradients at the small end of float16's range. The large end
+# can be hit in the forward pass, by an activation.
+#
+# **Predict.** A linear layer sums 1,024 products of an input of 8 and a weight of 10, both
+# exact in float16. What comes out in float32, under float16 autocast and under bfloat16
+# autocast? And if you train it with `GradScaler` for three steps, what does the scaler do?
+
+# %%
+big = torch.nn.Linear(1024, 4, bias=False)
+torch.nn.init.constant_(big.weight, 10.0)  # (4, 1024)
+x_big = torch.full((2, 1024), 8.0)  # (B, 1024): each output is 1024 x 80 = 81,920
+outs = {"float32": big(x_big)}
+for name in ("float16", "bfloat16"):
+    with torch.autocast("cpu", dtype=FORMATS[name]):
+        outs[name] = big(x_big)  # (B, 4)
+print("activation: " + ", ".join(f"{k} {v.max().item():g}" for k, v in outs.items()))
+opt_big, scaler_big = torch.optim.SGD(big.parameters(), lr=0.1), torch.amp.GradScaler("cpu")
+w_before, big_steps = big.weight.detach().clone(), []
+for _ in range(3):
+    opt_big.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = big(x_big).float().pow(2).mean()
+    big_steps.append((scaler_big.get_scale(), loss.item()))
+    scaler_big.scale(loss).backward()
+    scaler_big.step(opt_big)
+    scaler_big.update()
+print("float16 steps (scale, loss): " + ", ".join(f"({s:.0f}, {v:g})" for s, v in big_steps))
+print(f"weights changed: {not torch.equal(w_before, big.weight)}; "
+      f"scale now {scaler_big.get_scale():.0f}")
+
+# %% [markdown]
+# Output:
+# ```text
+# activation: float32 81920, float16 inf, bfloat16 81920
+# float16 steps (scale, loss): (65536, inf), (32768, inf), (16384, inf)
+# weights changed: False; scale now 8192
+# ```
+#
+# 81,920 is past float16's 65,504: the activation is inf, and so is the loss built on it.
+# No loss scale helps, because the overflow happens before any scaling: `GradScaler` sees
+# inf gradients at every step, skips it and halves its scale, and the weights never move;
+# it keeps halving for as long as the activation overflows. bfloat16, with float32's range,
+# holds 81,920 exactly. The float16 remedies are to keep activations small (normalisation
+# layers, a scaled initialisation) or to run the offending op in float32, which is what
+# autocast's float32 list does for ops whose insides need range or precision (on CUDA,
+# softmax and layer_norm, section 4).
 
 # %% [markdown]
 # ## 6. What a training step keeps
@@ -740,18 +967,60 @@ for name, t in copies:
 # parameter tensor, which counts for nothing). Mixed precision did not make this smaller;
 # it made the matmuls cheaper (on hardware that has fast bfloat16).
 #
-# During the step there is more. Autocast casts each weight to bfloat16 the first time a
-# matmul uses it (and reuses that cast inside the autocast region). The second layer's
-# copy is saved for backward: 2 bytes for each of its 4,194,304 weights, about 1 byte per
-# parameter of the model. The first layer's copy is not saved, because its input `batch`
-# needs no gradient, and the weight is only needed to compute that one. In a deep network
-# every layer but the first has a requires-grad input, so the saved copies approach 2 bytes
-# per parameter, on top of the activations. And the split matters when tensors travel
-# between processes: float32 gradients make a data-parallel all-reduce move 4 bytes per
-# parameter. Reducing them in 16 bits would halve that, but a sum of many ranks'
-# gradients in bfloat16 drops small contributions as section 2's sum did. Lesson 11's
-# FSDP2 setup splits it the way this section does: it gathers the weights for compute in
-# bfloat16 (2 bytes per parameter) and reduces the gradients in float32.
+# During the step there is more. The second layer's bfloat16 copy is saved for backward:
+# 2 bytes for each of its 4,194,304 weights, about 1 byte per parameter of the model. The
+# first layer's copy is not saved, because its input `batch` needs no gradient, and the
+# weight is only needed to compute that one.
+#
+# **Predict.** Run the same forward pass on an input that requires a gradient (as every
+# layer but the first has in a deep network): which bfloat16 weight copies are saved then?
+# And how often does autocast cast a weight: call one `Linear` 3 times inside one autocast
+# region, then once in each of 3 regions, and count the casts (`aten::_to_copy`).
+
+
+# %%
+def casts(calls_per_region, regions):
+    """aten::_to_copy calls (casts) when a Linear(64, 64) runs under bfloat16 autocast."""
+    lin, inp = torch.nn.Linear(64, 64), torch.ones(2, 64)  # (B, 64)
+    with torch.profiler.profile() as prof:
+        for _ in range(regions):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                for _ in range(calls_per_region):
+                    lin(inp)
+    return sum(e.name == "aten::_to_copy" for e in prof.events())
+
+
+saved_req = []
+with torch.autograd.graph.saved_tensors_hooks(lambda t: saved_req.append(t) or t, lambda t: t):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mlp(batch.clone().requires_grad_())  # (B, 1024), an input that needs a gradient
+copies_req = [name for name, _ in weight_copies(saved_req, mlp)]
+print(f"input needs a gradient: bfloat16 copies saved of {', '.join(copies_req)}")
+cast_counts = {"3 calls in 1 region": casts(3, 1), "1 call in each of 3 regions": casts(1, 3)}
+for name, count in cast_counts.items():
+    print(f"{name:27}: {count} casts")
+
+# %% [markdown]
+# Output:
+# ```text
+# input needs a gradient: bfloat16 copies saved of 0.weight, 2.weight
+# 3 calls in 1 region        : 5 casts
+# 1 call in each of 3 regions: 9 casts
+# ```
+#
+# With a requires-grad input both layers' copies are kept: in a deep network the saved
+# copies approach 2 bytes per parameter, on top of the activations. Autocast casts a
+# weight the first time an op uses it inside a region and reuses that copy until the
+# region ends: 3 calls in one region cast the input 3 times but the weight and the bias
+# once (5 casts); 3 regions cast all three every time (9). So put the whole forward pass in
+# one autocast region, not each layer in its own.
+#
+# And the split matters when tensors travel between processes: float32 gradients make a
+# data-parallel all-reduce move 4 bytes per parameter. Reducing them in 16 bits would
+# halve that, but a sum of many ranks' gradients in bfloat16 rounds every partial sum to 8
+# bits, as section 2's sums and section 4's loss did. Lesson 11's FSDP2 setup splits it the
+# way this section does: it gathers the weights for compute in bfloat16 (2 bytes per
+# parameter) and reduces the gradients in float32.
 
 # %% [markdown]
 # ## 7. AdamW is a few lines of NumPy
@@ -830,8 +1099,13 @@ for step in range(1, STEPS + 1):
 with torch.no_grad():
     acc = (model(torch.from_numpy(x_val)).argmax(1).numpy() == y_val).mean()
 acc_np = ((x_val @ W.T + b).argmax(1) == y_val).mean()
-print(f"largest gap over all steps {max(gaps):.1e}; ln 4 = {math.log(4):.4f}")
-print(f"validation accuracy: torch {acc:.3f}, numpy {acc_np:.3f}")
+ULP = 2.0**-52  # float64's step between 1 and 2
+halves = max(gaps[: STEPS // 2]) / ULP, max(gaps[STEPS // 2 :]) / ULP
+print(f"largest gap in units of 2**-52: steps 1-150 {halves[0]:.0f}, steps 151-300 {halves[1]:.0f}")
+print(f"below 16 x 2**-52 = {16 * ULP:.1e} at every step: {max(gaps) < 16 * ULP}; ln 4 = {math.log(4):.4f}")
+w_abs = np.abs(W)
+print(f"weights' sizes {w_abs.min():.2f} to {w_abs.max():.2f}; "
+      f"validation accuracy: torch {acc:.3f}, numpy {acc_np:.3f}")
 
 # %% [markdown]
 # Output:
@@ -840,17 +1114,19 @@ print(f"validation accuracy: torch {acc:.3f}, numpy {acc_np:.3f}")
 # step  10: loss 0.7280, largest weight gap «number»
 # step 100: loss 0.4182, largest weight gap «number»
 # step 300: loss 0.3553, largest weight gap «number»
-# largest gap over all steps «number»; ln 4 = 1.3863
-# validation accuracy: torch 0.865, numpy 0.865
+# largest gap in units of 2**-52: steps 1-150 «number», steps 151-300 «number»
+# below 16 x 2**-52 = 3.6e-15 at every step: True; ln 4 = 1.3863
+# weights' sizes 1.12 to 1.68; validation accuracy: torch 0.865, numpy 0.865
 # ```
 #
 # At step 1 all logits are 0, the softmax is uniform over 4 classes, and the loss is
 # −ln(1/4) = ln 4 = 1.3863. The two optimizers then agree for all 300 steps to within a
 # few units in the last place of weights of size 1 to 2, where float64's numbers are
-# 2.2e-16 apart (the exact gap depends on the CPU's kernels, hence «number» above; the
-# test checks that it stays below 1e-14): the gap is rounding, because PyTorch evaluates
-# the same formulas in a slightly different order, and it stays at that level instead of
-# growing.
+# 2**-52 = 2.2e-16 apart (the exact count depends on the CPU's kernels, hence «number»
+# above), and the second half of the run is no worse than the first: the gap is rounding,
+# and it does not grow. It is there because PyTorch evaluates algebraically equal formulas
+# arranged differently (`exp_avg.lerp_(grad, 1 - beta1)` for the running average, the bias
+# corrections folded into the step size and the denominator).
 # `torch.optim.AdamW` *is* the few lines of `NumpyAdamW.step`. The clouds overlap, so a linear
 # classifier cannot be perfect: 86.5% of the validation points land on their own side.
 
@@ -910,28 +1186,36 @@ print("saved formats.png")
 # - float32 (8 exponent, 23 mantissa bits), float16 (5, 10) and bfloat16 (8, 7): bfloat16
 #   has float32's range and little precision; float16 more precision and a range of
 #   6e-8 (subnormal) to 65,504.
-# - Small updates vanish in bfloat16 (1 + 10,000 × 1e-4 stays 1), so master weights and
-#   optimizer state stay in float32; only the matmuls run in 16 bits.
+# - Small updates vanish in bfloat16 (1 + 10,000 × 1e-4 stays 1; at lr 1e-5, 85% of
+#   weights of size 0.02 do not move), so master weights and optimizer state stay in
+#   float32; only the matmuls run in 16 bits.
 # - float16 needs loss scaling: multiply the loss, unscale the gradients in float32.
 #   `GradScaler` starts at 2**16, skips the step and halves on inf/NaN, doubles after
 #   `growth_interval` clean steps; a dozen lines reproduce its decisions exactly.
+# - fp8: float8_e4m3fn (3 mantissa bits, up to 448, saturating casts in 2.13.0) and
+#   float8_e5m2 (2 bits, up to 57,344); small values need a per-tensor scale from the
+#   tensor's largest magnitude, loss scaling for every tensor.
 # - CPU autocast runs linear/matmul in bfloat16, keeps softmax and layer_norm in their
 #   input dtype (CUDA's lists put them in float32), and returns float32 cross-entropy:
 #   on the CPU because `cross_entropy_loss` is on its float32 list, on CUDA because the op
 #   decomposes into `log_softmax` and `nll_loss`, which are on CUDA's. Compute the loss on
-#   `logits.float()`.
+#   `logits.float()`: a bfloat16 `nll_loss` sums in bfloat16 and lands a step off.
 # - Whether a 16-bit matmul is faster than float32 on a CPU depends on its instructions
 #   (AVX-512 BF16, AMX): measure it. Without them it can be tens of times slower.
 # - The step's order: zero grads, forward under autocast, `scaler.scale(loss).backward()`,
 #   `scaler.unscale_(opt)`, clip (and log the norm), `scaler.step`, `scaler.update`,
 #   `sched.step()`. Clipping before `unscale_` clips scaled gradients: the optimizer then
-#   gets a gradient `scale` times too small. bfloat16 keeps tiny gradients without a scaler.
+#   gets a gradient `scale` times too small (Adam hides it: only its `eps` notices).
+#   bfloat16 keeps tiny gradients without a scaler. An activation past 65,504 makes every
+#   float16 step inf, whatever the scale: `GradScaler` skips and halves, step after step.
 # - A mixed-precision AdamW step keeps 16 bytes per parameter (4 weights, 4 gradients,
-#   8 moments), plus the bfloat16 weight copies saved for backward during the step.
+#   8 moments), plus the bfloat16 weight copies saved for backward during the step (about
+#   2 bytes per parameter when inputs need gradients); autocast casts each weight once per
+#   region.
 # - `torch.optim.AdamW` matches a few lines of NumPy to rounding level in float64, step
 #   after step.
-# - On a GPU, this lesson's tests time matmuls in fp32, tf32, fp16 and bf16 and check the
-#   CUDA autocast dtypes (`make test-gpu`).
+# - On a GPU, this lesson's tests time matmuls in fp32, tf32, fp16, bf16 and fp8 and check
+#   the CUDA autocast dtypes (`make test-gpu`).
 #
 # ## Exercises
 #
