@@ -18,18 +18,21 @@
 # - the hidden synchronisations of a training loop (`.item()`, printing, branching on a
 #   tensor, `.cpu()`), found in the profiler's op list;
 # - `torch.profiler` with `record_function` regions, a sorted table and a Chrome trace;
+#   a `schedule` with `prof.step()`, `profile_memory` and `with_stack`;
 # - FLOPs: 2n³ for a matmul, 6·N per token plus attention for a transformer, achieved
 #   FLOP/s, this CPU's peak, and the MFU of a step we profiled;
-# - the three regimes of a kernel (compute, memory, overhead) on this CPU's roofline.
+# - the three regimes of a kernel (compute, memory, overhead) on this CPU's roofline;
+# - on a GPU: pinned memory with `non_blocking` copies, and the caching allocator
+#   (allocated vs reserved, `empty_cache`, expandable segments, memory snapshots).
 #
 # **Prerequisites:** lesson 02 (ATen ops and the dispatcher), lesson 03 (a training step:
 # forward, backward, optimizer).
 #
 # **How to run:** `python lessons/06_devices_and_timing/devices_and_timing.py` or
 # `make lesson N=06` from the repository root, or open `devices_and_timing.ipynb`. It runs
-# on the CPU in a few seconds. Timings change from run to run: the *Output* blocks write
-# them as placeholders such as `«time»` and `«rate»`, and `make test` checks everything
-# else. The GPU measurements run with `make test-gpu` on a machine that has one.
+# on the CPU, within the lesson's budget of 30 seconds on a shared 2-core machine.
+# Timings change from run to run: the *Output* blocks write them as placeholders such as
+# `«time»` and `«rate»`, and `make test` checks everything else. The GPU measurements run with `make test-gpu` on a machine that has one.
 
 # %%
 import json
@@ -88,6 +91,7 @@ try:
     x + m
 except RuntimeError as err:
     print(f"x + meta tensor: {first_sentence(err)}")
+print(f"meta tensor + 0-d CPU tensor: allowed, result on {(m + torch.tensor(2.0)).device}")
 
 # %% [markdown]
 # Output:
@@ -97,14 +101,16 @@ except RuntimeError as err:
 # x.cpu() is x: True
 # x.to('cpu', copy=True) is x: False  same memory: False
 # x + meta tensor: Tensor on device meta is not on the expected device cpu!
+# meta tensor + 0-d CPU tensor: allowed, result on meta
 # ```
 #
 # `.to(device)` copies only when the tensor is elsewhere; when it already is on that
 # device it returns the very same object. Moving is never implicit: an op whose inputs
 # sit on two devices raises (here the `meta` device, which has shapes but no data, stands
 # in for a GPU; with a CUDA tensor the message reads "Expected all tensors to be on the
-# same device"). The exception is a 0-d CPU tensor, which ops accept next to a CUDA
-# tensor as if it were a Python number.
+# same device"; this lesson's CUDA test checks it). The exception is a 0-d CPU tensor,
+# which ops accept next to a tensor on another device as if it were a Python number (the
+# last line; the CUDA test checks it next to a CUDA tensor too).
 #
 # On a GPU machine `x.to("cuda")` is a real copy over PCIe or NVLink, and it is paid each
 # time the line runs. Hence the rule *move once and stay*: put the model and the data on
@@ -297,14 +303,44 @@ print(f"simulated GPU, {gpu.work * 1e3:.1f} ms per call: with its own synchroniz
 # simulated GPU, 5.0 ms per call: with its own synchronize «time» ms, with the CPU's «time» ms
 # ```
 #
-# On a quiet machine the slowest run is within a few percent of the fastest; with other
-# processes on the same cores it can be several times the fastest while the median hardly
-# moves: an outlier lands in the max, not in the median. Report the median with the number
-# of runs, and treat a difference of a few percent between two medians as noise unless it
-# holds over several runs of the whole measurement. The last line is the same loop with
+# The spread is your machine's at that moment: close to 1 on a quiet machine, several
+# times that when other processes share the cores. The last line is the same loop with
 # the wrong synchronize: `torch.cpu.synchronize()` knows nothing of the simulated queue,
 # so the loop times launches again. Synchronising *some* device is not enough; it must be
 # the one that does the work (`torch.cuda.synchronize()` for CUDA work).
+#
+# **Predict.** Another process takes the core for 50 ms during one of the 21 timed calls.
+# What happens to the median, the mean and the max?
+
+
+# %%
+def held_up(fn, at=10, seconds=0.05):
+    """fn, except that its call number `at` (counting from 0) is held up `seconds` longer."""
+    calls = iter(range(10**9))
+
+    def run():
+        fn()
+        if next(calls) == at:  # the 3 warm-up calls are 0-2: call 10 is a timed one
+            time.sleep(seconds)
+
+    return run
+
+
+stalled = time_runs(held_up(mm))
+print(f"one call held up 50 ms: median {statistics.median(stalled) * 1e3:.3f} ms, "
+      f"mean {statistics.mean(stalled) * 1e3:.3f} ms, max {max(stalled) * 1e3:.3f} ms")
+
+# %% [markdown]
+# Output:
+# ```text
+# one call held up 50 ms: median «time» ms, mean «time» ms, max «time» ms
+# ```
+#
+# The max holds the 50 ms; the mean carries a 21st of it (2.4 ms), on top of whatever else
+# disturbed the run; the median is still the median of the undisturbed calls (the test
+# checks that it stays below half the max). That is why the median is
+# the number to report, with the number of runs, and why a difference of a few percent
+# between two medians is noise until it holds over several runs of the whole measurement.
 #
 # `torch.utils.benchmark.Timer` does all this for you. `blocked_autorange` first times
 # growing blocks of 1, 10, 100, ... calls until the timer's own overhead is negligible
@@ -322,6 +358,10 @@ print(f"Timer: median {meas.median * 1e3:.3f} ms, IQR {meas.iqr * 1e3:.3f} ms")
 print(f"Timer: {len(meas.times)} measurements of {meas.number_per_run} calls, "
       f"{meas.task_spec.num_threads} thread")
 print(f"Timer median / loop median {meas.median * 1e3 / mid:.2f}")
+a64, b64, c64 = torch.randn(64, 64), torch.randn(64, 64), torch.empty(64, 64)  # (64, 64) each
+meas64 = benchmark.Timer("torch.mm(a, b, out=c)",
+                         globals={"torch": torch, "a": a64, "b": b64, "c": c64}).blocked_autorange()
+print(f"64x64 matmul: blocks of {meas64.number_per_run} calls, median {meas64.median * 1e6:.1f} us")
 
 # %% [markdown]
 # Output:
@@ -329,16 +369,17 @@ print(f"Timer median / loop median {meas.median * 1e3 / mid:.2f}")
 # Timer: median «time» ms, IQR «time» ms
 # Timer: «number» measurements of «number» calls, 1 thread
 # Timer median / loop median «ratio»
+# 64x64 matmul: blocks of «number» calls, median «time» us
 # ```
 #
 # The two medians agree to within the noise of a shared machine (the test allows a factor
 # of 2 either way: the two ran at different moments). `blocked_autorange` chose how many
 # calls to group per measurement by itself: one call of a 512² matmul already lasts
-# milliseconds, so blocks stay small; for a 64² matmul they hold hundreds or thousands of
-# calls. The IQR (the spread of the middle half of the measurements) is the honest error
+# milliseconds, so blocks stay small; a 64² matmul lasts microseconds, and its blocks hold
+# far more calls (the test checks that they are larger). The IQR (the spread of the middle half of the measurements) is the honest error
 # bar to quote with the median. Both timings pass `out=c`: a fresh 1 MiB output per call
 # would add the allocator's work to what we measure (and, for outputs of tens of MiB, page
-# faults: each new mapping is touched page by page).
+# faults as each fresh output is mapped into memory: lesson 08 counts them).
 
 # %% [markdown]
 # ## 4. Hidden synchronisations in a training loop
@@ -408,6 +449,9 @@ ops_in = {s: sorted({op for parent, op in parents if parent == s}) for s in SUSP
 for s in SUSPECTS:
     print(f"{s:<12} host reads {reads[s]} in 5 steps, ops {ops_in[s]}")
 print(f"last step: {text}, stop {stop}")
+with profile(activities=[ProfilerActivity.CPU]) as tolist_prof:
+    values = keep[-1].tolist()  # (N, 1) -> a list of lists of Python floats
+print(f".tolist() of {len(values)} values: ops {sorted({e.name for e in tolist_prof.events()})}")
 
 # %% [markdown]
 # Output:
@@ -417,6 +461,7 @@ print(f"last step: {text}, stop {stop}")
 # branch       host reads 5 in 5 steps, ops ['aten::is_nonzero', 'aten::lt']
 # .cpu()       host reads 0 in 5 steps, ops ['aten::to']
 # last step: loss 1.6392, stop False
+# .tolist() of 64 values: ops ['aten::resolve_conj', 'aten::resolve_neg']
 # ```
 #
 # Three of the four lines read a value every step: `.item()` directly, formatting through
@@ -424,8 +469,9 @@ print(f"last step: {text}, stop {stop}")
 # `bool()`, which dispatches `aten::is_nonzero` and then `item`. Each would stall a GPU 3
 # times per step. `.cpu()` shows only `aten::to` here because the tensor already is on the
 # CPU (section 1: no copy); on a GPU the same line is `aten::_to_copy` + `aten::copy_`, a
-# device-to-host copy that waits for the queue. (On the CPU, `.tolist()` reads values
-# without passing through `_local_scalar_dense`, so it hides even from this list.)
+# device-to-host copy that waits for the queue (the CUDA test profiles it). On the CPU,
+# `.tolist()` reads the values without passing through `_local_scalar_dense` (last line):
+# searching a profile for that op does not find it.
 #
 # The fix is to keep values on the device and read them rarely: accumulate
 # `total += loss.detach()` and call `.item()` once every N steps; decide on early stopping
@@ -543,6 +589,101 @@ print(f"regions in the trace {dict(sorted(Counter(regions).items()))}")
 # written next to the lesson (names ending in `_trace.json` are ignored by git). In a GPU
 # trace, the gaps between kernels on the device row are where the GPU waited for the host:
 # a hidden synchronisation shows up as such a gap.
+
+# %% [markdown]
+# ### Profiling part of a long run: schedule, memory, stacks
+#
+# Profiling a whole training run is slow and gives a huge trace. A `schedule` picks the
+# steps: `prof.step()` at the end of every step advances it; the first `wait` steps are
+# not profiled, the next `warmup` steps are profiled and thrown away (the profiler's own
+# start-up lands there), the next `active` steps are recorded, and then `on_trace_ready`
+# is called with the profiler (`torch.profiler.tensorboard_trace_handler(folder)` is a
+# ready-made handler that writes a trace file). `repeat` says how many such cycles to run.
+#
+# **Predict.** With `wait=1, warmup=1, active=2, repeat=1` over 6 steps numbered 0 to 5,
+# which steps are recorded, and at which `prof.step_num` is the handler called?
+
+# %%
+ready = []  # prof.step_num each time a recording is handed over
+cycle = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1)
+with profile(activities=[ProfilerActivity.CPU], schedule=cycle,
+             on_trace_ready=lambda p: ready.append(p.step_num)) as cycle_prof:
+    for step in range(6):
+        with record_function(f"step {step}"):
+            mlp_step()
+        cycle_prof.step()  # one training step ended
+recorded = sorted({e.name for e in cycle_prof.events() if e.name.startswith("step ")})
+print(f"recorded {recorded}; on_trace_ready called at step_num {ready}")
+
+# %% [markdown]
+# Output:
+# ```text
+# recorded ['step 2', 'step 3']; on_trace_ready called at step_num [4]
+# ```
+#
+# Step 0 waits, step 1 warms up, steps 2 and 3 are recorded, and the handler runs as step
+# 3 ends (`step_num` is then 4). With `repeat=1` nothing after that is profiled: steps 4
+# and 5 run at full speed. In a real loop, wait a few steps past the first ones (which pay
+# one-time costs), then record a handful.
+#
+# Two more switches of `profile` answer other questions. `profile_memory=True` records
+# every allocation and free with the op that made it; `with_stack=True` records the Python
+# frames that called each op.
+#
+# **Predict.** How many bytes does the MLP's forward pass (no autograd) allocate in
+# `aten::addmm`, and in the ReLU? How many does it free before it ends?
+
+# %%
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as mem_prof:
+    with torch.no_grad():
+        mlp(xb)  # (B, C), dropped at once
+mem = {e.key: e.self_cpu_memory_usage for e in mem_prof.key_averages()}  # bytes
+print(f"aten::addmm allocated {mem['aten::addmm']:,} bytes = 4 x ({B}x{H} + {B}x{C})")
+print(f"aten::clamp_min (the ReLU) allocated {mem['aten::clamp_min']:,} bytes = 4 x {B}x{H}")
+print(f"freed before the pass ended ([memory] row): {-mem['[memory]']:,} bytes")
+
+# %% [markdown]
+# Output:
+# ```text
+# aten::addmm allocated 2,138,112 bytes = 4 x (1024x512 + 1024x10)
+# aten::clamp_min (the ReLU) allocated 2,097,152 bytes = 4 x 1024x512
+# freed before the pass ended ([memory] row): 4,235,264 bytes
+# ```
+#
+# Each linear layer's `addmm` allocates its output, (B, H) and (B, C) float32, and the ReLU
+# (`relu` runs as `clamp_min`) one more (B, H) tensor. Frees carry no op (the row
+# `[memory]`), and here everything is freed: the hidden activations once the next layer
+# has read them, the output because nothing keeps it. With autograd on, the tensors saved
+# for backward would stay. `prof.key_averages().table(sort_by="self_cpu_memory_usage")`
+# ranks the ops by what they allocate; on a GPU add `ProfilerActivity.CUDA` and the
+# columns for device memory fill in.
+#
+# **Predict.** Which Python frames lie between `mlp_step` and the first layer's
+# `aten::addmm`?
+
+# %%
+with profile(activities=[ProfilerActivity.CPU], with_stack=True) as stack_prof:
+    mlp_step()
+frame = next(e for e in stack_prof.events() if e.name == "aten::addmm")  # the first layer's
+frames = []
+while frame is not None and not frame.name.endswith("mlp_step"):
+    frames.append(frame.name.split("): ")[-1])  # "path/file.py(line): name" -> name
+    frame = frame.cpu_parent
+print(" <- ".join(frames))
+
+# %% [markdown]
+# Output:
+# ```text
+# aten::addmm <- aten::linear <- <built-in function linear> <- forward <- _call_impl <- nn.Module: Linear_0 <- forward <- _call_impl <- nn.Module: Sequential_0 <- forward
+# ```
+#
+# Read it from the op outward: `addmm` was called by `aten::linear`, which the Python
+# built-in `F.linear` dispatched, called by `Linear.forward`, called by `Module._call_impl`
+# (what `module(x)` runs), inside the `Linear` module (the profiler names modules by class
+# and number), inside `Sequential.forward` and its module, inside our `forward` region.
+# Exported as a Chrome trace, the same frames appear as bars above each op (the test
+# checks), which is how a slow op in a large model is traced back to the line of model
+# code that issued it.
 
 # %% [markdown]
 # ## 6. FLOPs: counting what a step does
@@ -785,34 +926,59 @@ print(f"1024x1024 matmul: {rates[1024]:.1f} GFLOP/s = {rates[1024] * 1e9 / peak:
 # estimate too: the BLAS library picks its own kernels, which need not match the ISA
 # PyTorch reports, and some cores run AVX-512 at half the table's rate (one 512-bit FMA
 # unit, or two 256-bit halves). So read the percentage as "about": a value above 100%
-# means the estimate, not the matmul, is wrong. A large matmul is about the best a core
-# does, so it bounds what a model's step can reach.
+# means the estimate, not the matmul, is wrong. A large matmul shows about the best a
+# core does with this BLAS.
 #
 # Model FLOPs utilisation (MFU) is achieved FLOP/s of the *model's* FLOPs divided by that
 # peak. Here it is for the training step we profiled in section 5, with the FLOPs the
-# counter gave.
+# counter gave. Most of those FLOPs are in two products of 1024 × 512 × 512 multiply-adds
+# (the first layer's forward and its weight gradient); we time them alone too, in turn
+# with the step, so that both see the same machine.
 #
-# **Predict.** Is the MLP step's MFU above or below the 1024² matmul's share of the peak?
+# **Predict.** Does the step reach the FLOP rate of its two large products run alone?
 
 # %%
-step_s = statistics.median(time_runs(mlp_step, repeats=11))  # seconds per step
-step_rate = step_flops / step_s  # FLOP/s
+w1 = mlp[0].weight.detach()  # (H, D), the first layer's weight (updated in place by SGD)
+h1, gw1, g1 = torch.empty(B, H), torch.empty(H, D), torch.randn(B, H)  # outputs; a gradient
+
+
+def big_products():
+    """The step's two large matmuls alone: layer 1's forward and its weight gradient."""
+    torch.addmm(mlp[0].bias.detach(), xb, w1.t(), out=h1)  # (B, D) @ (D, H)
+    torch.mm(g1.t(), xb, out=gw1)  # (H, B) @ (B, D)
+
+
+step_times, big_times = [], []
+for _ in range(11):  # in pairs, one right after the other: both see the same machine
+    step_times += time_runs(mlp_step, warmup=1, repeats=1)
+    big_times += time_runs(big_products, warmup=1, repeats=1)
+step_s, products_s = statistics.median(step_times), statistics.median(big_times)  # seconds
+step_rate, products_rate = step_flops / step_s, 2 * 2 * B * D * H / products_s  # FLOP/s
+pair_ratio = statistics.median(  # the step's rate over the products', pair by pair
+    (step_flops / st) / (2 * 2 * B * D * H / bt) for st, bt in zip(step_times, big_times))
 print(f"profiled MLP step: {step_flops:,} FLOPs in {step_s * 1e3:.2f} ms (median of 11) "
       f"= {step_rate / 1e9:.1f} GFLOP/s")
+print(f"its two large products alone: {products_rate / 1e9:.1f} GFLOP/s; "
+      f"step / products, median of the 11 pairs {pair_ratio:.2f}")
+print(f"share of the step's FLOPs in those two: {2 * 2 * B * D * H / step_flops:.0%}")
 print(f"MFU = {step_rate / 1e9:.1f} / {peak / 1e9:.1f} GFLOP/s = {step_rate / peak:.0%}")
 
 # %% [markdown]
 # Output:
 # ```text
 # profiled MLP step: 1,105,199,104 FLOPs in «time» ms (median of 11) = «rate» GFLOP/s
+# its two large products alone: «rate» GFLOP/s; step / products, median of the 11 pairs «ratio»
+# share of the step's FLOPs in those two: 97%
 # MFU = «rate» / «rate» GFLOP/s = «number»%
 # ```
 #
-# Below it (the test checks that the step's rate stays under 1.5 times the large matmul's,
-# and is not negligible): the step's matmuls are smaller (one has only 10 columns), and
-# the bias adds, ReLU, loss and SGD update take time while counting no FLOPs. That gap is
-# what MFU measures in a real run too, where the usual thieves are waiting for data, for
-# communication, for the host (section 4), or many small kernels.
+# No: the step runs below its large products' rate (the test checks that the median
+# ratio of the pairs, which a busy machine disturbs least, is under 1.1, a margin for
+# noise). They hold 97% of its counted FLOPs, but the step also
+# runs three thin products (one side of 10) and the bias adds, ReLU, loss and SGD update,
+# which take time for few or no counted FLOPs. That gap is what MFU measures in a real run too, where the usual
+# thieves are waiting for data, for communication, for the host (section 4), or many
+# small kernels.
 #
 # The same arithmetic sizes a GPU run. An NVIDIA H200 has 141 GB of memory and about
 # 989 TFLOP/s of dense bf16 matmul (its datasheet; the larger figure there assumes 2:4
@@ -854,9 +1020,9 @@ print(f"at 50% MFU: {0.5 * H200_BF16 / (dense + attn):,.0f} tokens/s")
 # ```
 #
 # An 8-billion-parameter model needs 128 GB for its training state alone, 91% of the
-# H200, with activations still to come: it trains on one H200 only with its state
-# sharded across several GPUs (lesson 11's FSDP2), offloaded, or with a smaller
-# optimizer. The 1-billion-parameter model fits with room for activations, and 60,000
+# H200, with activations still to come: it does not train on one H200 this way. Shard its
+# state across several GPUs (lesson 11's FSDP2), offload part of it to the host, or use an
+# optimizer that keeps less. The 1-billion-parameter model fits with room for activations, and 60,000
 # tokens/s would be an MFU of 38%; a low MFU usually means the GPU waits (for data, for
 # communication, for the host). MFU counts only the model's FLOPs:
 # recomputation (activation checkpointing) makes the GPU do more work without raising
@@ -878,8 +1044,11 @@ print(f"at 50% MFU: {0.5 * H200_BF16 / (dense + attn):,.0f} tokens/s")
 # a slope that meets a flat ceiling at the *ridge point* peak / B. Overhead does not show
 # on the roof: it is a kernel sitting far below it.
 #
-# We need the bandwidth. Copying a 64 MiB tensor into another (more than a CPU's
-# last-level cache holds, so the bytes come from memory) reads and writes each byte once.
+# We need the bandwidth. Copying a 64 MiB tensor into another reads and writes each byte
+# once: 128 MiB of traffic, more than the last-level cache of most CPUs holds, so the
+# bytes come from memory (the first line prints your CPU's largest cache, 0 where Linux's
+# sysfs is not there to say; if it holds 128 MiB, the bandwidth you measure is the
+# cache's).
 # The elementwise chain `((x * 1.5 + 0.5).relu() - 0.25) * 2` runs as 5 eager ops, each
 # reading one 64 MiB tensor and writing another: 1 FLOP per 8 bytes. A 1×1 matmul does
 # almost nothing, so its time is the fixed cost of a call. Each kernel's time is its
@@ -929,14 +1098,22 @@ points = {  # name: (FLOPs, bytes moved at least, seconds)
 }
 
 
+def largest_cache_mib():
+    """CPU 0's largest cache in MiB, from Linux's sysfs; 0 where the system does not say."""
+    sizes = [p.read_text().strip() for p in
+             Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size")]
+    kib = [int(v[:-1]) for v in sizes if v.endswith("K") and v[:-1].isdigit()]
+    return max(kib) // 1024 if kib else 0
+
+
 def regime(flops, nbytes, seconds):
     if seconds < 3 * call_s:  # hardly longer than a call that does nothing
         return "overhead"
     return "compute" if flops / nbytes > ridge else "memory"
 
 
-print(f"copy of 64 MiB: {bandwidth / 1e9:.1f} GB/s; peak {peak / 1e9:.1f} GFLOP/s; "
-      f"ridge {ridge:.2f} FLOP/byte; 1x1 matmul {call_s * 1e6:.2f} us")
+print(f"largest cache {largest_cache_mib()} MiB; copy of 64 MiB: {bandwidth / 1e9:.1f} GB/s")
+print(f"peak {peak / 1e9:.1f} GFLOP/s; ridge {ridge:.2f} FLOP/byte; 1x1 matmul {call_s * 1e6:.2f} us")
 for name, (flops, nbytes, seconds) in points.items():
     intensity, rate = flops / nbytes, flops / seconds
     roof = min(peak, bandwidth * intensity)
@@ -946,18 +1123,22 @@ for name, (flops, nbytes, seconds) in points.items():
 # %% [markdown]
 # Output:
 # ```text
-# copy of 64 MiB: «rate» GB/s; peak «rate» GFLOP/s; ridge «number» FLOP/byte; 1x1 matmul «time» us
+# largest cache «number» MiB; copy of 64 MiB: «rate» GB/s
+# peak «rate» GFLOP/s; ridge «number» FLOP/byte; 1x1 matmul «time» us
 # 1024² matmul        170.667 FLOP/byte, «rate» GFLOP/s = «number»% of the roof: compute
 # elementwise chain     0.125 FLOP/byte, «rate» GFLOP/s = «number»% of the roof: memory
 # 16² matmul            2.667 FLOP/byte, «rate» GFLOP/s = «number»% of the roof: overhead
 # ```
 #
-# The intensities are exact: a 1024² matmul reads two matrices and writes one (12 MiB) for
-# 2 GFLOPs, 170 FLOPs per byte, far right of any CPU's ridge point (a few FLOPs per byte):
-# it runs near the flat roof, limited by arithmetic. The chain does 1 FLOP per 8 bytes,
-# far left: it runs near the slope, limited by memory, whatever the core's peak. The 16²
-# matmul has a middling intensity, but 8,192 FLOPs take about as long as a 1×1 matmul:
-# its time is the call, not the arithmetic or the bytes, and it sits far below both roofs.
+# The intensities count the bytes each kernel must move at least, so they are exact: a
+# 1024² matmul reads two matrices and writes one (12 MiB) for 2 GFLOPs, 170 FLOPs per
+# byte, far right of the ridge point. Its roof is the flat peak: it reaches the share of
+# the (estimated) peak that section 7 measured, while its bytes would allow 170 times the
+# bandwidth, far more; arithmetic limits it. The chain does 1 FLOP per 8 bytes, far left:
+# it runs near the slope (the test checks within a factor of 5 of it), limited by memory,
+# whatever the core's peak. The 16² matmul has a middling intensity, but 8,192 FLOPs take
+# less than 3 times as long as a 1×1 matmul: its time is the call, not the arithmetic or
+# the bytes, and it sits far below both roofs (under half, the test checks).
 # (The regime is decided from the intensity against the ridge, and for overhead from the
 # time against a 1×1 call, so the words are the same on every machine; the percentages
 # are yours.)
@@ -1000,6 +1181,68 @@ print("saved roofline.png")
 # higher, and a launch of a few microseconds puts many more kernels in the basement.
 
 # %% [markdown]
+# ## 9. Memory on a GPU: pinned copies and the caching allocator
+#
+# Two mechanisms decide how fast data reaches a GPU and how much memory a run appears to
+# take. Both need a GPU to show; this lesson's CUDA tests measure them (`make test-gpu`,
+# and the GPU report records their figures).
+#
+# **Pinned memory.** An ordinary host tensor lives in *pageable* memory, which the
+# operating system may move or swap. A GPU's copy engine reads host memory directly, so it
+# needs memory that stays put: *page-locked*, or pinned. From pageable memory CUDA first
+# copies into a pinned staging buffer of its own, and the host waits for that. From pinned
+# memory, `x.to("cuda", non_blocking=True)` only queues the copy and returns, so the host
+# can prepare the next batch while the copy runs (`DataLoader(pin_memory=True)`, lesson
+# 04, hands out batches already pinned). The same holds the other way, with a catch: after
+# `y.to("cpu", non_blocking=True)` into pinned memory the values are there only after a
+# synchronize.
+#
+# **Predict.** Is an ordinary CPU tensor pinned?
+
+# %%
+print(f"torch.randn(4).is_pinned(): {torch.randn(4).is_pinned()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# torch.randn(4).is_pinned(): False
+# ```
+#
+# Pinning is explicit (`x.pin_memory()`, `torch.empty(..., pin_memory=True)`), and it
+# needs an accelerator: on a machine without one, `pin_memory()` raises (the test checks).
+# Pinned memory cannot be paged out, so it comes out of what the whole machine has: pin
+# the buffers you copy from, not everything. The CUDA test `test_cuda_pinned_copies`
+# copies 256 MiB: it checks that a non-blocking copy from pinned memory returns before the
+# copy is done while one from pageable memory keeps the host waiting, records both
+# bandwidths, and reads a non-blocking device-to-host copy only after synchronising.
+#
+# **The caching allocator.** Asking CUDA for memory (`cudaMalloc`) costs far more than a
+# kernel launch, and giving it back (`cudaFree`) waits for the whole device, so PyTorch
+# asks CUDA for large *segments* and hands out blocks from them itself. A freed tensor's
+# block goes back to PyTorch's cache, not to CUDA: `torch.cuda.memory_allocated()` (bytes
+# in live tensors) drops, while `torch.cuda.memory_reserved()` (bytes held from CUDA;
+# `nvidia-smi` shows that plus the CUDA context) stays. The next tensor of that size reuses
+# the block, much faster than the first one got it. `torch.cuda.empty_cache()` returns
+# unused segments to CUDA; it does not free a live tensor, and a training loop rarely
+# needs it.
+#
+# **Predict.** A 256 MiB tensor is made, deleted, made again, deleted, then `empty_cache()`
+# runs. What do allocated and reserved read after each step? (`test_cuda_caching_allocator`
+# asserts the answer and records the readings and the two allocation times.)
+#
+# A cache can fragment: a freed 512 MiB block cannot hold a 520 MiB tensor, so the
+# allocator asks CUDA for a new 520 MiB segment and holds both.
+# `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, set before the first CUDA call,
+# makes segments that grow by mapping more memory at their end instead
+# (`test_cuda_expandable_segments` runs that 512-then-520 MiB pattern in two fresh
+# processes and compares what each reserves). And when memory runs out, a *memory
+# snapshot* tells you what held it: `torch.cuda.memory._record_memory_history()` starts
+# recording every allocation with its Python stack, `torch.cuda.memory._snapshot()` returns
+# the segments, blocks and recorded events, and `torch.cuda.memory._dump_snapshot(path)`
+# writes a file that <https://pytorch.org/memory_viz> draws as a timeline
+# (`test_cuda_memory_snapshot` finds its own 64 MiB tensor in one, with the test's line).
+
+# %% [markdown]
 # ## Summary
 #
 # - A tensor lives on one device; `.to(device)` copies only when it must (and returns the
@@ -1009,25 +1252,32 @@ print("saved roofline.png")
 #   time the launch, microseconds, whatever the work (section 2's simulated queue shows
 #   it on the CPU). Synchronise the device that does the work, around the measurement,
 #   never inside it.
-# - Time honestly: warm up, repeat, take the median, quote a spread (IQR or min–max);
-#   `torch.utils.benchmark.Timer.blocked_autorange` does this; timings on a shared
-#   machine vary, ratios and counts do not.
+# - Time honestly: warm up, repeat, take the median (one 50 ms stall moves the max and the
+#   mean, not the median), quote a spread (IQR or min–max);
+#   `torch.utils.benchmark.Timer.blocked_autorange` does this, with blocks of calls sized
+#   to the work; timings on a shared machine vary, ratios and counts do not.
 # - `.item()`, formatting or printing a tensor, `if tensor:`, `.cpu()` and `.tolist()`
 #   read values on the host: on a GPU each one waits for the queue. The profiler's
-#   `aten::_local_scalar_dense` finds most of them; `torch.cuda.set_sync_debug_mode`
-#   reports many, not all.
+#   `aten::_local_scalar_dense` finds most of them (not `.tolist()` on the CPU);
+#   `torch.cuda.set_sync_debug_mode` reports many, not all.
 # - `torch.profiler` + `record_function` give a table (count by calls for what ran, by
-#   self time for where the time went) and a Chrome trace.
+#   self time for where the time went) and a Chrome trace; `schedule` + `prof.step()`
+#   record chosen steps of a long run, `profile_memory` each op's allocations,
+#   `with_stack` the Python frames behind each op.
 # - A matmul costs 2·m·k·n FLOPs; a training step 6 FLOPs per weight that multiplies
 #   (embeddings are gathers, 0 FLOPs) per token, plus attention's 12·L·d·S, which 6·N
 #   leaves out (a third at S = 8,192 for a 4096-wide model). MFU = model FLOPs per second
 #   ÷ peak; check that the training state (16 bytes per parameter) fits first.
 # - A CPU core's peak is lanes × FLOPs per lane × clock; the lesson's profiled MLP step
-#   reaches a share of it below the large matmul's.
+#   reaches a share of it a little below the large matmul's.
 # - Three regimes: compute-bound (large matmuls, at the flat roof), memory-bound
 #   (elementwise chains, on the bandwidth slope), overhead-bound (tiny ops, far below
 #   both). The roofline, min(peak, bandwidth × FLOPs per byte), tells the first two apart;
 #   a comparison with an empty call finds the third.
+# - On a GPU, copy from pinned memory with `non_blocking=True` to overlap copies with host
+#   work; `memory_reserved` (what the caching allocator holds) exceeds `memory_allocated`
+#   (live tensors); `expandable_segments` curbs fragmentation; a memory snapshot says who
+#   held what.
 #
 # ## Exercises
 #
