@@ -361,11 +361,9 @@ def test_bytes_figure(lesson):
 # ---------------------------------------------------------------------------------- GPUs
 
 
-@pytest.mark.multigpu
+@pytest.mark.multigpu(4)
 def test_two_d_step_on_nccl(record_property):
     """Unverified on hardware: written on a machine without GPUs. Needs 4 CUDA devices."""
-    if torch.cuda.device_count() < 4:
-        pytest.skip(f"needs 4 CUDA devices: torch.cuda.device_count() is {torch.cuda.device_count()}")
     run = launch(WORKER, ["twod", "--backend", "nccl"], nproc=4, timeout=300)
     record_property("2-D step on NCCL, 4 ranks: launch wall time [s]", round(run.seconds, 1))
     assert run.ok, run.describe()
