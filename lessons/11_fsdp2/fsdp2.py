@@ -20,7 +20,8 @@
 # - `reshard_after_forward` True / False / None: which modules are full or sharded between
 #   forward and backward, traced through one step;
 # - `MixedPrecisionPolicy`: bf16 compute, fp32 master parameters and gradients;
-# - memory per rank, counted from the tensors: DDP vs FSDP2, steady state vs peak, and an
+# - memory per rank: a model counted from the tensors beside the CPU allocator's bytes
+#   (profiler) for DDP, DDP with `gradient_as_bucket_view=True` and FSDP2, and an
 #   8B-parameter model on 8 GPUs by formula; gradient accumulation with
 #   `set_requires_gradient_sync(False)`; CPU offload.
 #
@@ -319,24 +320,31 @@ show(run, "mixed")
 # internally, as LayerNorm does).
 
 # %% [markdown]
-# ## 7. Memory per rank, counted from the tensors
+# ## 7. Memory per rank: a model from the tensors, then the allocator
 #
-# The worker adds up, on each rank, the bytes of the tensors it actually holds after one
-# AdamW step (fp32): parameters, gradients, and AdamW's `exp_avg` and `exp_avg_sq` (the
-# step counters are left out: one scalar each). *Steady* is their sum, what stays between
-# steps. *Peak* is a simple model, not the memory at one moment: the parameter bytes at the
-# traced forward peak (section 5: shards plus the gathered root and one block) plus the
-# sharded gradients and AdamW state. It leaves out the unsharded gradients a unit holds
-# during its backward before the reduce-scatter, activations and temporary buffers. DDP's
-# gradient buckets, another copy of the gradients unless `gradient_as_bucket_view=True`, are
-# not counted either.
+# First a model. The worker adds up, on each rank, the bytes of the tensors it holds after
+# one AdamW step (fp32): parameters, gradients, and AdamW's `exp_avg` and `exp_avg_sq` (the
+# step counters left out: one scalar each). *Steady* is their sum. *Peak* adds, for FSDP2,
+# the parameter bytes at the traced forward peak of section 5 (shards plus the gathered root
+# and one block); for DDP, which never gathers, the model's peak is its steady state.
 #
-# **Predict.** FSDP2 halves which columns on 2 ranks? Is its peak closer to its steady
-# state or to DDP's?
+# Then a measurement. The worker runs the same step again (model built, wrapped, one
+# forward, backward and AdamW step) under `torch.profiler.profile(profile_memory=True)`,
+# which records every allocation (+bytes) and free (−bytes) of the CPU allocator. Their
+# running sum over the step gives what is *live* when the step ends and its *peak*. Three
+# set-ups: DDP, DDP with `gradient_as_bucket_view=True`, FSDP2. (The profiler sees only
+# the threads it watches: a buffer that one of gloo's threads happens to free last goes
+# unseen and the sum comes out a little high, so the worker measures each set-up three
+# times and keeps the smallest, and the comparisons below allow 1 KiB.)
+#
+# **Predict.** FSDP2 halves which columns on 2 ranks? Does the allocator find the model's
+# numbers? Where is DDP's peak?
 
 # %%
 MEMORY = re.compile(r"rank (\d): (DDP|FSDP2) bytes: (\d+) (\d+) (\d+) (\d+) (\d+)")
+MEASURED = re.compile(r"rank (\d): (DDP|DDP-view|FSDP2) allocator: live after step (\d+), peak (\d+)")
 COLUMNS = ("params", "grads", "AdamW", "steady", "peak")
+KIB = 1024  # the comparisons' tolerance: bookkeeping, and a free the profiler may miss
 
 
 def memory_rows(run):
@@ -348,8 +356,17 @@ def memory_rows(run):
     return rows
 
 
-rows = memory_rows(run)
-print(f"{'rank':>4} {'':6}" + "".join(f"{c:>9}" for c in COLUMNS) + "  (bytes)")
+def measured_rows(run):
+    """{rank: {"DDP" | "DDP-view" | "FSDP2": (live after step, peak)}} from the allocator."""
+    rows = {}
+    for rank, lines in section(run, "memory").items():
+        for m in filter(None, map(MEASURED.fullmatch, lines)):
+            rows.setdefault(int(m[1]), {})[m[2]] = (int(m[3]), int(m[4]))
+    return rows
+
+
+rows, measured = memory_rows(run), measured_rows(run)
+print(f"{'rank':>4} {'':6}" + "".join(f"{c:>9}" for c in COLUMNS) + "  (bytes, the model)")
 for rank, per in rows.items():
     for name, values in per.items():
         print(f"{rank:>4} {name:6}" + "".join(f"{v:>9}" for v in values))
@@ -358,7 +375,7 @@ print([x for x in section(run, "memory")[0] if "unit sizes" in x][0])
 # %% [markdown]
 # Output:
 # ```text
-# rank          params    grads    AdamW   steady     peak  (bytes)
+# rank          params    grads    AdamW   steady     peak  (bytes, the model)
 #    0 DDP      118528   118528   237056   474112   474112
 #    0 FSDP2     59264    59264   118528   237056   304768
 #    1 DDP      118528   118528   237056   474112   474112
@@ -368,9 +385,67 @@ print([x for x in section(run, "memory")[0] if "unit sizes" in x][0])
 #
 # Parameters, gradients and AdamW state are all halved: FSDP2 shards all three (in ZeRO's
 # terms, stage 3; stage 1 shards only the optimizer state, stage 2 also the gradients). The
-# peak adds back the gathered root (4,224 elements) and one block (12,704 elements), 67,712
-# bytes, but not the whole model. DDP's peak is its steady state: it never gathers, it has
-# everything all the time.
+# model's FSDP2 peak adds back the gathered root (4,224 elements) and one block (12,704
+# elements), 67,712 bytes, but not the whole model. Now the allocator, beside the model:
+
+# %%
+MODEL = {"DDP": "DDP", "DDP-view": "DDP", "FSDP2": "FSDP2"}  # the model's row for each set-up
+
+
+def near(a, b, tol=KIB):
+    return abs(a - b) <= tol
+
+
+for name, (live, peak) in measured[0].items():  # rank 0, bytes
+    model = rows[0][MODEL[name]]
+    print(f"{name:8} model: steady {model[3]:>6}, peak {model[4]:>6} | allocator: live {live}, peak {peak}")
+for rank in sorted(measured):
+    m, model = measured[rank], rows[rank]
+    grads = model["DDP"][1]
+    print(f"rank {rank}: DDP live = model + one more copy of the gradients ({grads}), within 1 KiB: "
+          f"{near(m['DDP'][0], model['DDP'][3] + grads)}")
+    print(f"rank {rank}: DDP-view and FSDP2 live = model, within 1 KiB: "
+          f"{near(m['DDP-view'][0], model['DDP'][3]) and near(m['FSDP2'][0], model['FSDP2'][3])}")
+    print(f"rank {rank}: every peak above its live bytes by more than 1 KiB: "
+          f"{all(p - v > KIB for v, p in m.values())}")
+    print(f"rank {rank}: FSDP2 peak above the model's peak: {m['FSDP2'][1] > model['FSDP2'][4]}; "
+          f"below DDP-view's live bytes: {m['FSDP2'][1] < m['DDP-view'][0]}")
+
+# %% [markdown]
+# Output:
+# ```text
+# DDP      model: steady 474112, peak 474112 | allocator: live «number», peak «number»
+# DDP-view model: steady 474112, peak 474112 | allocator: live «number», peak «number»
+# FSDP2    model: steady 237056, peak 304768 | allocator: live «number», peak «number»
+# rank 0: DDP live = model + one more copy of the gradients (118528), within 1 KiB: True
+# rank 0: DDP-view and FSDP2 live = model, within 1 KiB: True
+# rank 0: every peak above its live bytes by more than 1 KiB: True
+# rank 0: FSDP2 peak above the model's peak: True; below DDP-view's live bytes: True
+# rank 1: DDP live = model + one more copy of the gradients (118528), within 1 KiB: True
+# rank 1: DDP-view and FSDP2 live = model, within 1 KiB: True
+# rank 1: every peak above its live bytes by more than 1 KiB: True
+# rank 1: FSDP2 peak above the model's peak: True; below DDP-view's live bytes: True
+# ```
+#
+# (Rank 0's bytes. The allocator's exact counts are documented as «number»: they include a few hundred bytes
+# of bookkeeping that are not the same on every run. On the machine we wrote this on, rank 1
+# measured DDP 592,756 live and 626,048 at the peak, DDP-view 474,228 and 507,520, FSDP2
+# 237,172 and 391,944.) Three things the model missed:
+#
+# - **DDP's buckets.** DDP does not all-reduce each gradient separately: its reducer copies
+#   them into flat *buckets* (25 MiB by default, so one bucket here), all-reduces a bucket
+#   when it is full, and copies the averages back into `.grad`. The bucket is a second copy
+#   of every gradient, kept from step to step: DDP's live bytes are the model's plus exactly
+#   that copy. With `gradient_as_bucket_view=True` each `.grad` *is* a view into the bucket,
+#   and the copy disappears: the model's number again, plus AdamW's 29 step counters (4
+#   bytes each) and a little bookkeeping.
+# - **DDP has a peak.** "DDP never gathers" is true of parameters, not of memory: forward
+#   stores activations for backward, and backward allocates temporaries, so the peak sits
+#   above the steady state during every step.
+# - **FSDP2's peak** is above the model's: the model counted gathered parameters, but in
+#   backward a unit also holds its *unsharded* gradients (a block's are 50,816 bytes in
+#   fp32) until they are reduce-scattered, beside the activations. Even so, on 2 ranks
+#   FSDP2's peak stays below what DDP keeps between steps, even with a bucket view.
 #
 # The same accounting by formula for a large model trained with FSDP2's bf16
 # `MixedPrecisionPolicy` (section 6). What stays from one step to the next is all fp32: the
@@ -568,7 +643,9 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 # - `MixedPrecisionPolicy(bf16, fp32)`: bf16 weights, activations and gathers; fp32 sharded
 #   master parameters and gradients.
 # - Per rank, FSDP2 halves parameters, gradients and AdamW state on 2 ranks; its peak adds
-#   only the gathered units. For 8B parameters on 8 GPUs: 128 GB per GPU with DDP, 16 GB
+#   the gathered units, a unit's unsharded gradients and the activations. DDP keeps a second
+#   copy of the gradients in its buckets unless `gradient_as_bucket_view=True`, and its peak
+#   is above its steady state too. For 8B parameters on 8 GPUs: 128 GB per GPU with DDP, 16 GB
 #   with FSDP2 (all fp32 between steps, bf16 policy or not), plus the gathered root
 #   (embedding and head: 2.1 GB in bf16 for a 128k vocabulary) and one block.
 # - `set_requires_gradient_sync(False)` accumulation is exact; `CPUOffloadPolicy` needs

@@ -140,6 +140,21 @@ def test_memory_accounting(lesson):
     assert f"rank 0: unit sizes (elements): root {ROOT}, block {BLOCK}" in lines(lesson, "memory")
 
 
+def test_allocator_beside_the_model(lesson):
+    """The profiler's CPU allocator bytes: DDP's bucket copy, the bucket view, FSDP2's peak."""
+    model, measured = lesson.ns["memory_rows"](lesson.ns["run"]), lesson.ns["measured_rows"](lesson.ns["run"])
+    assert sorted(measured) == [0, 1] and all(sorted(m) == ["DDP", "DDP-view", "FSDP2"] for m in measured.values())
+    for rank, m in measured.items():
+        steady, grads = model[rank]["DDP"][3], model[rank]["DDP"][1]
+        assert 0 <= m["DDP"][0] - (steady + grads) <= 1024, m  # the bucket: one more copy
+        assert 0 <= m["DDP-view"][0] - steady <= 1024, m  # .grad views into the bucket
+        assert 0 <= m["FSDP2"][0] - model[rank]["FSDP2"][3] <= 1024, m
+        assert all(peak - live > 1024 for live, peak in m.values()), m  # activations at least
+        assert model[rank]["FSDP2"][4] < m["FSDP2"][1] < m["DDP-view"][0], m
+    counters = [x for x in lines(lesson, "memory") if "AdamW step counters" in x]
+    assert counters == ["rank 0: AdamW step counters: 29 x 4 bytes"]
+
+
 def test_eight_billion_on_eight_gpus(lesson):
     ns = lesson.ns
     f = ns["per_gpu_bytes"]

@@ -18,6 +18,7 @@ only), `heading` starts a `== name ==` section; `serve` runs the part between `s
 `teardown`.
 """
 
+import gc
 import sys
 import traceback
 from pathlib import Path
@@ -31,6 +32,7 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, full
                                     register_fsdp_forward_method)
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lessons/: the course's kit
 from multirank import heading, say, serve, shared  # noqa: E402
@@ -339,6 +341,35 @@ def accounting(model, opt, peak_params):
     return params, grads, state, params + grads + state, peak_params + grads + state
 
 
+REPEATS = 3  # a free made on a thread the profiler does not watch (gloo's) goes unseen
+
+
+def allocator_bytes(builds, tokens):
+    """{name: (live, peak)}: the CPU allocator's bytes over building the model and one AdamW
+    step, from the profiler's memory events (allocations +, frees -) inside each range.
+    Each build runs REPEATS times; an unseen free only adds, so the smallest is kept."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for name, build in builds.items():
+            for i in range(REPEATS):
+                gc.collect()  # the previous model's reference cycles freed outside the ranges
+                with record_function(f"measure {name} {i}"):
+                    model = build()
+                    opt = adamw_step(model, tokens)
+                del model, opt  # freed after the range: live bytes are what the step leaves
+    events = list(prof.profiler.kineto_results.events())
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    found = {}
+    for e in (e for e in events if e.name().startswith("measure ")):
+        live = peak = 0
+        for t, n in memory:
+            if e.start_ns() <= t <= e.start_ns() + e.duration_ns():
+                live += n
+                peak = max(peak, live)
+        name = e.name().split()[1]
+        found[name] = min(found.get(name, (live, peak)), (live, peak))
+    return found
+
+
 def show_memory(mesh, device):
     heading("memory")
     _, mine = batch(device)
@@ -353,6 +384,14 @@ def show_memory(mesh, device):
     rows["FSDP2"] = accounting(model, opt, max(b for _, _, b in events))
     for name, row in rows.items():  # bytes: params, grads, AdamW, steady, peak
         say(f"{name} bytes: " + " ".join(str(v) for v in row))
+    if device.type == "cpu":  # the profiler's memory events come from the CPU allocator here
+        fp32 = lambda: make_model(torch.float32, device)  # noqa: E731
+        measured = allocator_bytes({"DDP": lambda: DDP(fp32()),
+                                    "DDP-view": lambda: DDP(fp32(), gradient_as_bucket_view=True),
+                                    "FSDP2": lambda: shard(fp32(), mesh=mesh)}, mine)
+        for name, (live, peak) in measured.items():
+            say(f"{name} allocator: live after step {live}, peak {peak}")
+        say(f"AdamW step counters: {sum(1 for _ in ddp.parameters())} x 4 bytes")
     units = {"root": sum(p.numel() for n, p in model.named_parameters() if not n.startswith("blocks.")),
              "block": sum(p.numel() for p in model.blocks[0].parameters())}
     shared(f"unit sizes (elements): root {units['root']}, block {units['block']}")
