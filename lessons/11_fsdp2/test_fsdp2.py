@@ -218,7 +218,7 @@ def test_failing_launch_ends_cleanly():
 
 
 @pytest.mark.multigpu
-def test_worker_on_nccl():
+def test_worker_on_nccl(record_property):
     """Unverified on hardware: the same step on NCCL, and peak CUDA memory vs the formula."""
     result = launch(WORKER, ["main", "--backend", "nccl"], timeout=180)
     assert result.ok, result.describe()
@@ -228,9 +228,17 @@ def test_worker_on_nccl():
     for rank in (0, 1):
         line = the(out[rank], f"rank {rank}: peak above the sharded params")
         peak, state, gathered = (number(line, k) for k in ("params ", "AdamW ", "gathered "))
-        # grads and moments exist after the step; the formula has no activations, buffers or
-        # the allocator's rounding, so the bound above is loose
-        assert state <= peak < 10 * gathered, line
+        record_property(f"rank {rank} CUDA peak above the sharded params [bytes]", peak)
+        record_property(f"rank {rank} formula: grads + AdamW + root and one block [bytes]", gathered)
+        record_property(f"rank {rank} CUDA peak / formula [ratio]", round(peak / gathered, 3))
+        # The step ends holding the sharded grads and moments (state). The formula adds the
+        # gathered root and one block; not in it: activations, a unit's unsharded grads (a
+        # block's are 50,816 bytes), AdamW's temporaries and the caching allocator's 512-byte
+        # rounding of ~100 small tensors. The CPU allocator measured the same step's peak
+        # above the shards at 1.36 x the formula (lesson section 7: 391,944 - 59,264 bytes).
+        # Twice the formula fails if a copy of the model's state (DDP-like buckets, gathered
+        # units never freed, unsharded grads kept) stays live. Not verified on a GPU.
+        assert state <= peak < 2 * gathered, line
 
 
 # ----------------------------------------------------------------------------------------
