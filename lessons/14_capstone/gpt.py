@@ -1,7 +1,7 @@
 """Lesson 14's model, data and training step: one file that the lesson and its ranks import.
 
-The lesson reads it section by section; `worker.py` (the 2-rank stage) imports the same
-definitions, so the ranks train exactly the model the lesson trains in one process.
+The lesson (`capstone.py`) explains each part and uses it in one process; `worker.py` (the
+2-rank stage) imports the same definitions, so the ranks train exactly the same model.
 
 - the task: `data/reversal.csv` (made by `scripts/make_reversal.py`), `482913>319284`:
   6 digits, `>`, the digits reversed; tokens are characters;
