@@ -21,19 +21,29 @@
 #   `state_dict` keeps;
 # - how a DataLoader orders, batches, pads and masks variable-length token sequences, how its
 #   worker processes start (fork, spawn, forkserver) and are seeded, how to make two runs
-#   give the same batches, and how an `IterableDataset` must split itself among workers.
+#   give the same batches, and how an `IterableDataset` must split itself among workers;
+# - how many batches are in flight (`num_workers`, `prefetch_factor`), what `pin_memory`
+#   does, and the reproducibility switches beyond seeding (deterministic kernels, cuDNN,
+#   cuBLAS).
 #
 # **Prerequisites:** lesson 03 (autograd: `grad_fn`, saved tensors, `backward()` freeing
 # them), and basic `nn.Linear` / optimizer use.
 #
 # **How to run:** `python lessons/04_modules_and_data/modules_and_data.py` or
 # `make lesson N=04` from the repository root, or open `modules_and_data.ipynb`. It runs on
-# the CPU in a few seconds, including DataLoader worker processes. It reads the small
+# the CPU in seconds, including DataLoader worker processes. It reads the small
 # corpus `data/tiny_corpus.txt` of the course repository (or a copy of that file placed in
 # this folder). Each printing cell is followed by an *Output* block: what it printed with
 # the pinned PyTorch (2.13.0), checked by `make test`.
 
 # %%
+import io
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
 from collections import Counter
 from pathlib import Path
 
@@ -45,7 +55,8 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 # The dataset, collate_fn and worker_init_fn that DataLoader workers run (section 9 says why
 # they live in a module of this folder)
-from text_data import Lines, LineStream, collate, reseed, run_loader, run_stream
+from text_data import (Lines, LineStream, collate, first_draws_per_epoch, main_script_hidden, reseed,
+                       run_loader, run_stream, start_method)
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # one thread: reproducible results
@@ -92,7 +103,8 @@ print(f"_modules    {list(tiny._modules)}")
 print(f"_buffers    {list(tiny._buffers)}")
 print(f"in __dict__: note {'note' in tiny.__dict__}, lin {'lin' in tiny.__dict__}")
 print(f"named_parameters {[n for n, _ in tiny.named_parameters()]}")
-print(f"state_dict keys  {list(tiny.state_dict())}")
+print(f"state_dict keys  {list(tiny.state_dict())}; non-persistent {tiny._non_persistent_buffers_set}")
+print(f"BatchNorm1d's buffers {[n for n, _ in nn.BatchNorm1d(3).named_buffers()]}")
 
 # %% [markdown]
 # Output:
@@ -102,7 +114,8 @@ print(f"state_dict keys  {list(tiny.state_dict())}")
 # _buffers    ['steps', 'mask']
 # in __dict__: note True, lin False
 # named_parameters ['scale', 'lin.weight', 'lin.bias']
-# state_dict keys  ['scale', 'steps', 'lin.weight', 'lin.bias']
+# state_dict keys  ['scale', 'steps', 'lin.weight', 'lin.bias']; non-persistent {'mask'}
+# BatchNorm1d's buffers ['running_mean', 'running_var', 'num_batches_tracked']
 # ```
 #
 # `lin` is *not* in the instance `__dict__`: `tiny.lin` works only because
@@ -110,7 +123,8 @@ print(f"state_dict keys  {list(tiny.state_dict())}")
 # `named_parameters()` walks `_parameters`, then each submodule's, joining names with dots.
 # `state_dict()` adds the persistent buffers: `steps` is saved, `mask` is not (it is listed
 # in `_non_persistent_buffers_set`), and the plain tensor `note` is invisible to all of it.
-# A buffer is state that is not trained: BatchNorm's running statistics are buffers.
+# A buffer is state that is not trained: BatchNorm's running statistics (and its count of
+# batches seen) are buffers.
 
 # %% [markdown]
 # ## 2. The silent bug: layers in a plain list
@@ -165,6 +179,7 @@ for name, model in [("list", plain), ("ModuleList", fixed)]:
 # forever and only the head learns. No error, no warning.
 #
 # **Predict.** What else misses the hidden layers: `state_dict()`? `.to(torch.float64)`?
+# `.eval()`?
 
 # %%
 for name, model in [("list", plain), ("ModuleList", fixed)]:
@@ -177,6 +192,10 @@ try:
 except RuntimeError as err:
     print(f"list forward in float64 failed: {first_line(err)}")
 print(f"ModuleList forward in float64: {fixed(xb.double()).dtype}")
+for name, model in [("list", plain), ("ModuleList", fixed)]:
+    model.eval()
+    print(f"{name:<10} after .eval(): layers[0].training {model.layers[0].training}, "
+          f"head.training {model.head.training}")
 
 # %% [markdown]
 # Output:
@@ -185,14 +204,18 @@ print(f"ModuleList forward in float64: {fixed(xb.double()).dtype}")
 # ModuleList state_dict 10 keys ['layers.0.weight', 'layers.0.bias', 'layers.1.weight']; after .to: layers[0] torch.float64, head torch.float64
 # list forward in float64 failed: mat1 and mat2 must have the same dtype, but got Double and Float
 # ModuleList forward in float64: torch.float64
+# list       after .eval(): layers[0].training True, head.training False
+# ModuleList after .eval(): layers[0].training False, head.training False
 # ```
 #
 # `state_dict()` walks the same registries, so a checkpoint of the list model holds only
 # the head: reload it and the hidden layers are whatever the new random init gives.
 # `.to()` (and `.cuda()`, `.half()`, `.double()`) converts registered tensors only, so the
 # hidden layers stay float32 while the head becomes float64; the first matmul that mixes
-# them fails (after `.to("cuda")` the error would name devices instead). Of the four
-# symptoms this is the only loud one. `nn.ModuleList` (or `nn.Sequential`, or
+# them fails (after `.to("cuda")` the error names devices instead: the lesson's GPU test
+# checks it). `.eval()` walks the same registry, so the hidden layers of the list model
+# stay in training mode: their dropout, had they any, would stay on at evaluation. Of
+# these symptoms only the dtype error is loud. `nn.ModuleList` (or `nn.Sequential`, or
 # `nn.ModuleDict` for names) registers each layer under its index, giving keys like
 # `layers.0.weight`.
 
@@ -216,29 +239,50 @@ class TinyLM(nn.Module):
         self.register_buffer("causal", torch.ones(8, 8).tril().bool(), persistent=False)
 
 
+def tied_grad_is_sum(lm, tokens):
+    """Is the tied weight's gradient the sum of its two uses' gradients? (the two uses
+    recomputed with separate copies of the matrix)"""
+    lm.zero_grad()
+    F.cross_entropy(lm.head(lm.emb(tokens)), tokens).backward()  # (T, vocab) logits
+    emb_w, head_w = (lm.emb.weight.detach().clone().requires_grad_() for _ in range(2))
+    F.cross_entropy(F.embedding(tokens, emb_w) @ head_w.T, tokens).backward()
+    return torch.allclose(lm.emb.weight.grad, emb_w.grad + head_w.grad, rtol=1e-6, atol=1e-7)
+
+
+def storages_written(state):
+    """How many storages torch.save writes for a state dict (its zip holds one file each)."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return sum("/data/" in n for n in zipfile.ZipFile(buf).namelist())
+
+
 lm = TinyLM()
 sd = lm.state_dict()
 print(f"parameters(): {len(list(lm.parameters()))} tensor, {count(lm.parameters())} values")
 print(f"named_parameters {[n for n, _ in lm.named_parameters()]}")
 same = sd["emb.weight"].data_ptr() == sd["head.weight"].data_ptr()
-print(f"state_dict keys  {list(sd)}; same memory: {same}")
-print(f"buffers {[n for n, _ in lm.named_buffers()]}; 'causal' saved: {'causal' in sd}")
+print(f"state_dict keys  {list(sd)}; same memory: {same}; storages torch.save writes: {storages_written(sd)}")
+print(f"gradient of the tied matrix = embedding's share + head's share: "
+      f"{tied_grad_is_sum(lm, torch.tensor([1, 2, 3]))}")
+print(f"buffers {[n for n, _ in lm.named_buffers()]}; 'causal' saved: {'causal' in sd}; "
+      f"after .to('meta') it is on {TinyLM().to('meta').causal.device}")
 
 # %% [markdown]
 # Output:
 # ```text
 # parameters(): 1 tensor, 40 values
 # named_parameters ['emb.weight']
-# state_dict keys  ['emb.weight', 'head.weight']; same memory: True
-# buffers ['causal']; 'causal' saved: False
+# state_dict keys  ['emb.weight', 'head.weight']; same memory: True; storages torch.save writes: 1
+# gradient of the tied matrix = embedding's share + head's share: True
+# buffers ['causal']; 'causal' saved: False; after .to('meta') it is on meta
 # ```
 #
 # `parameters()` removes duplicates (by object identity): the optimizer sees the tied matrix
 # once, and its gradient is the sum of both uses. `state_dict()` does not: it lists every
 # name, and both entries share one memory (they are detached tensors over the parameter's
 # storage, so `torch.save` writes that storage once). The causal mask is a buffer, so
-# `.to(device)` moves it with the model, but it is non-persistent: rebuilt by `__init__`,
-# never written to a checkpoint.
+# `.to(device)` moves it with the model (here to the `meta` device, which has shapes but no
+# data), but it is non-persistent: rebuilt by `__init__`, never written to a checkpoint.
 #
 # **Predict.** Load a state dict that lacks `head.weight` and has an extra key. What does
 # `strict=True` (the default) say? And `strict=False`?
@@ -253,7 +297,8 @@ except RuntimeError as err:
         print(line.strip())
 print(f"emb.weight sum after the failed strict load: {lm.emb.weight.sum().item():.4f}")
 result = lm.load_state_dict(bad, strict=False)
-print(f"strict=False: missing {result.missing_keys}, unexpected {result.unexpected_keys}")
+print(f"strict=False: missing {result.missing_keys}, unexpected {result.unexpected_keys}; "
+      f"head.weight sum {lm.head.weight.sum().item():.4f}")
 
 # %% [markdown]
 # Output:
@@ -263,7 +308,7 @@ print(f"strict=False: missing {result.missing_keys}, unexpected {result.unexpect
 # Missing key(s) in state_dict: "head.weight".
 # Unexpected key(s) in state_dict: "extra.bias".
 # emb.weight sum after the failed strict load: 0.0000
-# strict=False: missing ['head.weight'], unexpected ['extra.bias']
+# strict=False: missing ['head.weight'], unexpected ['extra.bias']; head.weight sum 0.0000
 # ```
 #
 # Strict loading names every missing and unexpected key. But look at the sum: the error
@@ -271,14 +316,15 @@ print(f"strict=False: missing {result.missing_keys}, unexpected {result.unexpect
 # is half loaded. Treat a failed strict load as a ruined model (load into a fresh one).
 # Non-strict loading copies what matches and returns the two lists: always look at them,
 # or a renamed layer silently keeps its random weights. Here `head.weight` is "missing"
-# although the tie means it was loaded through `emb.weight`: the check is by name.
+# although the tie means it was loaded through `emb.weight` (its sum is 0 too): the check
+# is by name.
 
 # %% [markdown]
 # ## 4. Three switches: `train()`/`eval()`, `no_grad`, `inference_mode`
 #
 # `model.eval()` sets a flag, `self.training = False`, on every module; layers read it.
-# `torch.no_grad()` and `torch.inference_mode()` are thread-local autograd modes; they know
-# nothing about modules.
+# `torch.no_grad()` and `torch.inference_mode()` are autograd modes of the current thread;
+# they know nothing about modules.
 #
 # **Predict.** For each combination below, will two forward passes on the same input agree
 # (dropout)? Will BatchNorm's `running_mean` move? Will the output have a `grad_fn`?
@@ -311,6 +357,12 @@ cols = list(next(iter(rows.values())))
 print(f"{'':<22}" + "".join(f"{c:>20}" for c in cols))
 for label, row in rows.items():
     print(f"{label:<22}" + "".join(f"{str(v):>20}" for v in row.values()))
+other_thread = []  # what another thread sees while this one is inside no_grad
+with torch.no_grad():
+    t = threading.Thread(target=lambda: other_thread.append(torch.is_grad_enabled()))
+    t.start()
+    t.join()
+    print(f"inside no_grad: grad enabled here {torch.is_grad_enabled()}, in another thread {other_thread[0]}")
 
 # %% [markdown]
 # Output:
@@ -322,6 +374,7 @@ for label, row in rows.items():
 # eval + grad                           True               False                True               False
 # eval + no_grad                        True               False               False               False
 # eval + inference_mode                 True               False               False                True
+# inside no_grad: grad enabled here False, in another thread True
 # ```
 #
 # The columns split cleanly. `train()`/`eval()` decides the first two: in training mode
@@ -330,7 +383,9 @@ for label, row in rows.items():
 # evaluating with `no_grad` but without `eval()` changes your model's buffers and gives
 # noisy outputs. The autograd modes decide the last two: `no_grad` and `inference_mode`
 # both stop recording a graph; `inference_mode` also marks its outputs as *inference
-# tensors*. Evaluation wants `model.eval()` *and* one of the two modes.
+# tensors*. Evaluation wants `model.eval()` *and* one of the two modes. The last line shows
+# that the modes belong to a thread: a data-loading or logging thread started inside
+# `no_grad` still records graphs unless it enters the mode itself.
 #
 # **Predict.** What can you not do with an inference tensor once you are out of the mode:
 # read its version counter, write it in place, use it where autograd must save it?
@@ -374,7 +429,8 @@ print(f"t.clone() is an inference tensor: {t_inf.clone().is_inference()}")
 # **Predict.** We count the autograd nodes reachable from the total, and the bytes of the
 # saved tensors they still hold (each distinct storage once). How do the counts grow per
 # step with `total += loss`, when each step calls `backward()` (training) and when it does
-# not (an evaluation loop without `no_grad`)? With `total += loss.item()`?
+# not (an evaluation loop without `no_grad`)? With `total += loss.item()`, or
+# `total += loss.detach()`?
 
 
 # %%
@@ -401,7 +457,8 @@ def graph_stats(t):
 
 
 def run_steps(how, steps=5, seed=0):
-    """Sum the loss of `steps` steps; return [(nodes, saved bytes)] of the total per step."""
+    """Sum the loss of `steps` steps; return [(nodes, saved bytes)] of the total per step,
+    and the total."""
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -413,21 +470,27 @@ def run_steps(how, steps=5, seed=0):
             opt.zero_grad()
             loss.backward()
             opt.step()
-        total += loss.item() if how == "item" else loss
+        total += {"item": loss.item, "detach": loss.detach}.get(how, lambda: loss)()
         stats.append(graph_stats(total))
-    return stats
+    return stats, total
 
 
-leak = {how: run_steps(how) for how in ("train", "eval", "item")}
+leak, totals = {}, {}
+for how in ("train", "eval", "item", "detach"):
+    leak[how], totals[how] = run_steps(how)
 for how, stats in leak.items():
-    print(f"{how:<5} nodes {[n for n, _ in stats]}  saved bytes {[b for _, b in stats]}")
+    print(f"{how:<6} nodes {[n for n, _ in stats]}  saved bytes {[b for _, b in stats]}")
+print(f"the total: a {type(totals['item']).__name__} with .item(), a {type(totals['detach']).__name__} "
+      f"with .detach()")
 
 # %% [markdown]
 # Output:
 # ```text
-# train nodes [11, 18, 25, 32, 39]  saved bytes [0, 0, 0, 0, 0]
-# eval  nodes [11, 18, 25, 32, 39]  saved bytes [10752, 19072, 27392, 35712, 44032]
-# item  nodes [0, 0, 0, 0, 0]  saved bytes [0, 0, 0, 0, 0]
+# train  nodes [11, 18, 25, 32, 39]  saved bytes [0, 0, 0, 0, 0]
+# eval   nodes [11, 18, 25, 32, 39]  saved bytes [10752, 19072, 27392, 35712, 44032]
+# item   nodes [0, 0, 0, 0, 0]  saved bytes [0, 0, 0, 0, 0]
+# detach nodes [0, 0, 0, 0, 0]  saved bytes [0, 0, 0, 0, 0]
+# the total: a float with .item(), a Tensor with .detach()
 # ```
 #
 # Each step adds 7 nodes: `AddBackward0`, `MseLossBackward0`, two `AddmmBackward0`, two
@@ -440,13 +503,14 @@ for how, stats in leak.items():
 # `MseLossBackward0` keeps (128). The first step also holds the input, the target and the
 # second weight, which every later step shares. With a real model that is megabytes of
 # activations per step, until the process runs out of memory. `loss.item()` returns a
-# Python float: nothing is kept. `loss.detach()` works as well and keeps the sum on the
-# device (`.item()` on a GPU waits for the GPU; lesson 06).
+# Python float: nothing is kept. `loss.detach()` keeps nothing either, and the sum stays a
+# tensor on the loss's device: on a GPU, `.item()` makes the CPU wait for the GPU at every
+# step, `.detach()` does not (lesson 06).
 
 
 # %%
 LABELS = {"train": "+= loss, backward each step", "eval": "+= loss, no backward",
-          "item": "+= loss.item()"}
+          "item": "+= loss.item()", "detach": "+= loss.detach()"}
 
 
 def plot_leak(leak):
@@ -454,15 +518,15 @@ def plot_leak(leak):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     for k, (how, stats) in enumerate(leak.items()):
         steps = range(1, len(stats) + 1)
-        style = dict(marker="os^"[k], markersize=10 - 3 * k, zorder=1 + k, label=LABELS[how])
-        axes[0].plot(steps, [n for n, _ in stats], **style)  # train and eval overlap here
+        style = dict(marker="os^v"[k], markersize=10 - 2 * k, zorder=1 + k, label=LABELS[how])
+        axes[0].plot(steps, [n for n, _ in stats], **style)  # train and eval overlap, item and detach too
         axes[1].plot(steps, [b / 1024 for _, b in stats], **style)
     for ax, ylabel in zip(axes, ["graph nodes kept", "saved tensors kept (KiB)"]):
         ax.set_xlabel("step")
         ax.set_xticks(list(steps))
         ax.set_ylabel(ylabel)
         ax.legend()
-    fig.suptitle("total += loss keeps every step's graph; total += loss.item() keeps nothing")
+    fig.suptitle("total += loss keeps every step's graph; loss.item() or loss.detach() keeps nothing")
     fig.tight_layout()
     return fig
 
@@ -518,15 +582,16 @@ for g in opt_sd["param_groups"]:
 #
 # `1.weight` is the LayerNorm's gain: 1-D, so it joins the biases. Every group carries a
 # full copy of the hyperparameters (what you did not give, here `lr` and the betas, comes
-# from the optimizer's defaults), so a scheduler can change one group's learning rate
-# alone. The `state_dict` names no parameter: `params` holds positions 0, 1, 2, ...
+# from the optimizer's defaults), so one group's values can differ from another's and be
+# changed alone. The `state_dict` names no parameter: `params` holds positions 0, 1, 2, ...
 # counted through the groups in order, and `state` (empty until the first step) is keyed by
-# those positions. It can only be loaded into an optimizer built with the same groups, in
-# the same order.
+# those positions. It fits only an optimizer built with the same groups, in the same order.
 #
 # **Predict.** One step with all gradients zero: Adam's own update is then exactly 0, so
-# only the decay acts. What happens to each group? And what does loading this state into
-# an AdamW built from plain `model.parameters()` (one group) say?
+# only the decay acts. What happens to each group? Then we load this state into three other
+# AdamWs: one built from plain `model.parameters()` (one group), one with the two groups
+# swapped, and one with groups of the same sizes (2 and 4) but other parameters in them.
+# Which loads fail?
 
 # %%
 before = [p.detach().clone() for p in mlp.parameters()]
@@ -539,10 +604,24 @@ kept = all(torch.equal(p, was[p]) for p in opt.param_groups[1]["params"])
 print(f"decay group: every value times exactly 1 - lr*wd = {1 - LR * WD:.3f}: {shrunk}")
 print(f"no-decay group unchanged: {kept}")
 print(f"state after the step: {sorted(opt.state_dict()['state'])}, each {list(opt.state_dict()['state'][0])}")
-try:
-    torch.optim.AdamW(mlp.parameters(), lr=LR).load_state_dict(opt.state_dict())
-except ValueError as err:
-    print(f"loading into one group: {err}")
+named = dict(mlp.named_parameters())
+
+
+def grouped(*groups):
+    """An AdamW whose parameter groups hold the named parameters, in this order."""
+    return torch.optim.AdamW([{"params": [named[n] for n in g]} for g in groups], lr=LR)
+
+
+others = {"one group": torch.optim.AdamW(mlp.parameters(), lr=LR),
+          "groups swapped": grouped(["0.bias", "1.weight", "1.bias", "3.bias"], ["0.weight", "3.weight"]),
+          "same sizes, other params": grouped(["0.bias", "3.bias"], ["0.weight", "1.weight", "1.bias", "3.weight"])}
+for what, other in others.items():
+    try:
+        other.load_state_dict(opt.state_dict())
+        avg = other.state[named["0.bias"]]["exp_avg"]
+        print(f"{what}: loaded; 0.bias {tuple(named['0.bias'].shape)} got an exp_avg of {tuple(avg.shape)}")
+    except ValueError as err:
+        print(f"{what}: {err}")
 
 # %% [markdown]
 # Output:
@@ -550,14 +629,19 @@ except ValueError as err:
 # decay group: every value times exactly 1 - lr*wd = 0.999: True
 # no-decay group unchanged: True
 # state after the step: [0, 1, 2, 3, 4, 5], each ['step', 'exp_avg', 'exp_avg_sq']
-# loading into one group: loaded state dict has a different number of parameter groups
+# one group: loaded state dict has a different number of parameter groups
+# groups swapped: loaded state dict contains a parameter group that doesn't match the size of optimizer's group
+# same sizes, other params: loaded; 0.bias (16,) got an exp_avg of (16, 8)
 # ```
 #
 # AdamW's decay is *decoupled*: `p ← p·(1 - lr·wd)` happens apart from the gradient step,
 # so with zero gradients it is all that moves, and only in the group that asked for it.
 # The step created the state: a step count and Adam's two running averages per parameter,
-# keyed 0 to 5. A checkpoint of the optimizer is only as good as the code that rebuilds the
-# same groups.
+# keyed 0 to 5. Loading checks only the number of groups and the size of each: the third
+# optimizer accepted the state and gave a (16,) bias the (16, 8) running average of
+# `0.weight`, without a word (had the shapes matched, nothing would ever complain).
+# A checkpoint of the optimizer is only as good as the code that rebuilds the same groups
+# in the same order.
 
 # %% [markdown]
 # ## 7. Data: a corpus, a sampler, batches
@@ -629,6 +713,7 @@ rand_b = list(RandomSampler(ds, generator=torch.Generator().manual_seed(0)))
 print(f"sequential {seq[:10]} ...")
 print(f"random     {rand_a[:10]} ...")
 print(f"same seed, same order: {rand_a == rand_b}; a permutation: {sorted(rand_a) == seq}")
+print(f"DataLoader(shuffle=True) samples with a {type(DataLoader(ds, shuffle=True).sampler).__name__}")
 
 # %% [markdown]
 # Output:
@@ -636,6 +721,7 @@ print(f"same seed, same order: {rand_a == rand_b}; a permutation: {sorted(rand_a
 # sequential [0, 1, 2, 3, 4, 5, 6, 7, 8, 9] ...
 # random     [12, 31, 25, 28, 19, 29, 9, 10, 6, 27] ...
 # same seed, same order: True; a permutation: True
+# DataLoader(shuffle=True) samples with a RandomSampler
 # ```
 #
 # `shuffle=True` in a DataLoader means a `RandomSampler`: one `torch.randperm(n)` per epoch,
@@ -650,18 +736,24 @@ for drop_last in (False, True):
     loader = DataLoader(ds, batch_size=10, drop_last=drop_last, collate_fn=lambda items: items)
     sizes = [len(b) for b in loader]
     print(f"drop_last={drop_last!s:<5} len(loader) {len(loader)}  batch sizes {sizes}")
+try:
+    nn.BatchNorm1d(4)(torch.randn(1, 4))  # a last batch of 1, in training mode
+except ValueError as err:
+    print(f"BatchNorm1d on a batch of 1: {err}")
 
 # %% [markdown]
 # Output:
 # ```text
 # drop_last=False len(loader) 4  batch sizes [10, 10, 10, 2]
 # drop_last=True  len(loader) 3  batch sizes [10, 10, 10]
+# BatchNorm1d on a batch of 1: Expected more than 1 value per channel when training, got input size torch.Size([1, 4])
 # ```
 #
 # The `BatchSampler` cuts the sampler's order into chunks of `batch_size`. The last short
-# chunk is kept unless `drop_last=True`; training code drops it when a batch of 2 would
-# upset BatchNorm or a fixed-shape compiled graph. Here the `collate_fn` returns the list of
-# items unchanged, to see the batch sizes.
+# chunk is kept unless `drop_last=True`. Training code drops it when a short batch would
+# hurt: a last batch of one item makes BatchNorm raise in training mode (its batch variance
+# needs two values), and a short batch is a new shape for a compiled graph (lesson 08).
+# Here the `collate_fn` returns the list of items unchanged, to see the batch sizes.
 
 # %% [markdown]
 # ## 8. Pad and mask: a `collate_fn` for variable-length sequences
@@ -694,6 +786,17 @@ for row, m in zip(tokens.tolist(), mask.int().tolist()):
 widths = [b["tokens"].shape[1] for b in DataLoader(ds, batch_size=4, collate_fn=collate)]
 print(f"padded length of each of the {len(widths)} batches: {widths}")
 
+
+def padding(batches):
+    """Pad tokens in an epoch of collated batches."""
+    return sum((~b["mask"]).sum().item() for b in batches)
+
+
+by_length = sorted(range(len(ds)), key=lambda i: lengths[i])  # indices, shortest line first
+sorted_batches = [collate([ds[i] for i in by_length[k : k + 4]]) for k in range(0, len(ds), 4)]
+pad_as_is = padding(DataLoader(ds, batch_size=4, collate_fn=collate))
+print(f"padding in the epoch: {pad_as_is} tokens; with the lines sorted by length: {padding(sorted_batches)}")
+
 # %% [markdown]
 # Output:
 # ```text
@@ -704,59 +807,110 @@ print(f"padded length of each of the {len(widths)} batches: {widths}")
 # [116, 149, 100, 151, 167, 6, 93, 0, 0]     111111100
 # [151, 12, 31, 80, 11, 36, 0, 0, 0]         111111000
 # padded length of each of the 8 batches: [9, 8, 9, 9, 8, 7, 9, 9]
+# padding in the epoch: 35 tokens; with the lines sorted by length: 11
 # ```
 #
 # Each batch is as long as its own longest line, not as the longest line of the corpus
-# (last line): a batch of short lines costs less. Sorting or bucketing lines by length
-# before batching would cut the padding further. The mask is computed from the lengths, not from
-# `tokens != PAD`, so a real token that happens to have the pad id would still count.
+# (last line but one): a batch of short lines costs less. Sorting lines by length before
+# batching cuts the padding further (last line). Sorted batches are no longer random, so a
+# training loader shuffles within and across *buckets* of similar lengths instead. The mask is
+# computed from the lengths, not from `tokens != PAD`, so a real token that happens to have
+# the pad id would still count.
 
 # %% [markdown]
 # ## 9. Worker processes and their random state
 #
 # With `num_workers=2` the DataLoader starts two processes each time you iterate it. Worker
 # `w` builds whole batches (batch `k` goes to worker `k % 2`) and sends them back through a
-# queue. Before its first batch, the loader seeds each worker: Python's `random` and torch
-# with `base_seed + w`, NumPy's global RNG with a seed mixed from the same two numbers.
+# queue. Before its first batch, the loader seeds each worker from `base_seed + w`: that
+# number is the worker's `get_worker_info().seed`; torch's generator and Python's `random`
+# are seeded with it, NumPy's global RNG with a seed mixed from the same two numbers.
 # `base_seed` is drawn from the loader's `generator` when the iterator is created.
 #
 # How a worker process starts is the *start method* of Python's `multiprocessing`:
 #
 # - **fork** (Linux's default up to Python 3.13): a copy of the parent at that moment.
 #   Fast, but only the thread that forked exists in the copy; if another thread held a lock
-#   then, the child may wait for it forever. Python 3.12 warns (`DeprecationWarning: ... use
-#   of fork() may lead to deadlocks`) whenever a process that runs other threads forks, and
-#   such processes are common: a notebook kernel runs several, and so does a process whose
-#   BLAS library started its thread pool.
+#   then, the child may wait for it forever. From Python 3.12, forking a process that runs
+#   other threads emits `DeprecationWarning: ... use of fork() may lead to deadlocks`, and
+#   such processes are common: a notebook kernel runs several threads.
 # - **spawn** (the default on macOS and Windows): a fresh Python process that imports torch,
 #   then receives the dataset, `collate_fn` and `worker_init_fn` by pickle. Pickle stores a
 #   class or function by module and name, so they must live in an importable module, not in
-#   a notebook cell. And the fresh process first runs the main *script* again (to find what
-#   was defined there): a script that starts workers keeps its work under
-#   `if __name__ == "__main__":`, or every worker would run the whole script, and fail with
-#   "An attempt has been made to start a new process before the current process has
-#   finished its bootstrapping phase".
+#   a notebook cell. And the fresh process first runs the main *script* again, as the
+#   module `__mp_main__`, to find what was defined there.
 # - **forkserver** (Linux's default from Python 3.14): a server process, started once, fresh
-#   like spawn, that forks each worker from itself. The same rules as spawn; but with torch
-#   imported into the server beforehand, the workers need not import it again.
+#   like spawn, that forks each worker from itself; each worker then runs the main script
+#   again, as under spawn. The same rules as spawn; but with torch imported into the server
+#   beforehand, the workers need not import it again.
+#
+# **Predict.** A six-line script starts one child process by spawn, without and with
+# `if __name__ == "__main__":` around its work. What does each print?
+
+
+# %%
+SPAWNING = """import multiprocessing
+{guard}ctx = multiprocessing.get_context("spawn")
+{indent}p = ctx.Process(target=print, args=("child ran",))
+{indent}p.start()
+{indent}p.join()
+{indent}print("exit code", p.exitcode)
+"""
+
+
+def run_spawning(guarded):
+    """Run SPAWNING as a script in a fresh Python: (stdout lines, the child's error, if any)."""
+    guard, indent = ('if __name__ == "__main__":\n    ', "    ") if guarded else ("", "")
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "spawning.py"
+        script.write_text(SPAWNING.format(guard=guard, indent=indent))
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    _, raised, message = proc.stderr.partition("RuntimeError:")  # the child's traceback, if any
+    error = " ".join(message.split()).split(". ")[0] if raised else None  # its first sentence
+    return proc.stdout.splitlines(), error
+
+
+spawned = {guarded: run_spawning(guarded) for guarded in (False, True)}
+for guarded, (out, error) in spawned.items():
+    print(f"{'guarded' if guarded else 'unguarded'}: prints {out}")
+    if error:
+        print(f"  the child: RuntimeError: {error}")
+
+# %% [markdown]
+# Output:
+# ```text
+# unguarded: prints ['exit code 1']
+#   the child: RuntimeError: An attempt has been made to start a new process before the current process has finished its bootstrapping phase
+# guarded: prints ['child ran', 'exit code 0']
+# ```
+#
+# Without the guard, the child ran the script again up to `p.start()`, and a child may not
+# start children of its own while it is still being set up: it raised, and exited with 1.
+# With the guard, the child skipped the script's work, ran its target and exited with 0.
+# A DataLoader in an unguarded script fails the same way under spawn or forkserver: every
+# worker would run the whole script again and die in its `iter(loader)`.
 #
 # This lesson's workers run only what `text_data.py` defines, and `text_data.run_loader`
 # starts them with forkserver on Linux and spawn elsewhere: never by forking the lesson's
-# own process. The lesson is a script and a notebook at once, and no guard can span cells;
-# while workers start, `text_data.main_script_hidden()` makes the script look like a
-# notebook (no main file to run again). In your own training script, write the guard.
+# own process. The lesson is a script and a notebook at once, and no guard can span cells.
+# While the workers start, `text_data.main_script_hidden()` hides the script's file from
+# `multiprocessing`, which reads `__main__.__file__` (and `__main__.__spec__`) to decide
+# what to run again; a notebook has neither, so the script then starts workers as a
+# notebook does. That is a shortcut for this lesson. In your own training script, write the
+# guard.
 #
 # A random generator that the dataset created in `__init__` is copied, state and all, into
 # every worker (by fork, or by pickle), and nobody reseeds it. `Noisy` draws a random
-# "augmentation" number per item twice: from its own NumPy generator, created once with
-# seed 0, and from NumPy's global RNG:
+# "augmentation" number per item three times: from its own NumPy generator, created once
+# with seed 0, from Python's `random` and from NumPy's global RNG:
 #
 # ```python
 #     def __getitem__(self, i):
 #         info = get_worker_info()  # None in the main process
 #         item = super().__getitem__(i)
-#         item.update(worker=info.id if info else -1, seed=self.seed,
-#                     own=int(self.rng.integers(100)), glob=int(np.random.randint(100)))
+#         item.update(worker=info.id if info else -1, seed=self.seed, torch_seed=torch.initial_seed(),
+#                     own=int(self.rng.integers(100)), py=random.randrange(100),
+#                     glob=int(np.random.randint(100)))
 #         return item
 # ```
 #
@@ -767,8 +921,8 @@ print(f"padded length of each of the {len(widths)} batches: {widths}")
 # %%
 def show(batches):
     for b in batches:
-        print(f"worker {b['worker'][0]}  indices {str(b['idx']):<13} "
-              f"own rng {str(b['own']):<13} np.random {b['glob']}")
+        print(f"worker {b['worker'][0]}  indices {str(b['idx']):<13} own rng {str(b['own']):<13} "
+              f"random {str(b['py']):<13} np.random {b['glob']}")
 
 
 run_0 = run_loader(lines, vocab)  # no worker_init_fn
@@ -778,10 +932,10 @@ print(f"own rng, first batch, generator seed 1: {run_loader(lines, vocab, seed=1
 # %% [markdown]
 # Output:
 # ```text
-# worker 0  indices [21, 15, 1]   own rng [85, 63, 51]  np.random [10, 41, 50]
-# worker 1  indices [9, 31, 2]    own rng [85, 63, 51]  np.random [23, 74, 37]
-# worker 0  indices [23, 5, 13]   own rng [26, 30, 4]   np.random [70, 75, 83]
-# worker 1  indices [18, 12, 6]   own rng [26, 30, 4]   np.random [65, 62, 79]
+# worker 0  indices [21, 15, 1]   own rng [85, 63, 51]  random [27, 35, 7]   np.random [10, 41, 50]
+# worker 1  indices [9, 31, 2]    own rng [85, 63, 51]  random [98, 20, 82]  np.random [23, 74, 37]
+# worker 0  indices [23, 5, 13]   own rng [26, 30, 4]   random [5, 81, 40]   np.random [70, 75, 83]
+# worker 1  indices [18, 12, 6]   own rng [26, 30, 4]   random [59, 92, 24]  np.random [65, 62, 79]
 # own rng, first batch, generator seed 1: [85, 63, 51]
 # ```
 #
@@ -789,9 +943,9 @@ print(f"own rng, first batch, generator seed 1: {run_loader(lines, vocab, seed=1
 # the same generator state, so half of the "random" augmentations are duplicates. It is
 # worse: every new set of workers receives a fresh copy of the parent's untouched
 # generator, so every epoch, and every generator seed, repeats the same draws (last line).
-# NumPy's global RNG, on the other hand, differs per worker: the loader seeds it in each
-# worker (since PyTorch 1.9). Many older texts and posts still say that every worker
-# inherits the same NumPy seed; in 2.13.0 that holds only for generator objects you made
+# Python's `random` and NumPy's global RNG, on the other hand, differ per worker: the
+# loader seeds both in each worker. Many older texts and posts still say that every worker
+# inherits the same NumPy seed; in 2.13.0 that holds for generator objects you made
 # yourself, and for libraries the loader does not know about.
 #
 # The order of indices also differs from the bare `RandomSampler` above, with the same seed
@@ -813,21 +967,37 @@ print(f"own rng, first batch, generator seed 1: {run_loader(lines, vocab, seed=1
 # seeded 0, and once seeded 1. Do the draws still repeat across workers? Are the two seed-0
 # runs equal?
 
+
 # %%
+def replays_random(batches):
+    """Are each worker's Python `random` draws those of random.Random(its torch seed)?"""
+    ok = True
+    for w in {b["worker"][0] for b in batches}:
+        mine = [b for b in batches if b["worker"][0] == w]
+        draws = [d for b in mine for d in b["py"]]
+        rng = random.Random(mine[0]["torch_seed"][0])
+        ok = ok and draws == [rng.randrange(100) for _ in draws]
+    return ok
+
+
 run_a, run_b = run_loader(lines, vocab, init=reseed), run_loader(lines, vocab, init=reseed)
 show(run_a)
 print(f"worker seeds {sorted({(b['worker'][0], b['seed'][0]) for b in run_a})}")
+print(f"inside each worker, torch.initial_seed() is that seed: "
+      f"{all(b['torch_seed'] == b['seed'] for b in run_a)}; Python's random starts from it: "
+      f"{replays_random(run_a)}")
 print(f"two runs, generator seed 0: same batches {run_a == run_b}")
 print(f"generator seed 1: same batches {run_loader(lines, vocab, init=reseed, seed=1) == run_a}")
 
 # %% [markdown]
 # Output:
 # ```text
-# worker 0  indices [21, 15, 1]   own rng [52, 77, 52]  np.random [10, 41, 50]
-# worker 1  indices [9, 31, 2]    own rng [24, 65, 8]   np.random [23, 74, 37]
-# worker 0  indices [23, 5, 13]   own rng [64, 84, 35]  np.random [70, 75, 83]
-# worker 1  indices [18, 12, 6]   own rng [26, 81, 93]  np.random [65, 62, 79]
+# worker 0  indices [21, 15, 1]   own rng [52, 77, 52]  random [27, 35, 7]   np.random [10, 41, 50]
+# worker 1  indices [9, 31, 2]    own rng [24, 65, 8]   random [98, 20, 82]  np.random [23, 74, 37]
+# worker 0  indices [23, 5, 13]   own rng [64, 84, 35]  random [5, 81, 40]   np.random [70, 75, 83]
+# worker 1  indices [18, 12, 6]   own rng [26, 81, 93]  random [59, 92, 24]  np.random [65, 62, 79]
 # worker seeds [(0, 900450186894289455), (1, 900450186894289456)]
+# inside each worker, torch.initial_seed() is that seed: True; Python's random starts from it: True
 # two runs, generator seed 0: same batches True
 # generator seed 1: same batches False
 # ```
@@ -837,11 +1007,30 @@ print(f"generator seed 1: same batches {run_loader(lines, vocab, init=reseed, se
 # Because `base_seed` comes from the loader's seeded `generator`, a second run repeats every
 # index and every draw, and another seed changes them. The recipe: give the loader a seeded
 # `torch.Generator`, and seed every other random source in `worker_init_fn` from
-# `get_worker_info().seed` (or from `torch.initial_seed()`, which is the same number inside
-# a worker). With `persistent_workers=True` the workers survive between epochs, so their
-# generators move on instead of restarting. None of this depends on the start method: the
-# lesson's tests run this loader, and the sharded stream of the next section, with spawn
-# too, and get the same batches.
+# `get_worker_info().seed` (inside a worker, `torch.initial_seed()` returns the same
+# number). None of this depends on the start method: the lesson's tests run this loader
+# with spawn too, and get the same batches.
+#
+# **Predict.** Without a `worker_init_fn`, every epoch repeated the dataset's own draws,
+# because every epoch started new workers. With `persistent_workers=True` the workers
+# survive from one epoch to the next. What do the first batches of two epochs draw then?
+
+
+# %%
+for persistent in (False, True):
+    draws = first_draws_per_epoch(lines, vocab, persistent)
+    print(f"persistent_workers={persistent!s:<5}: own rng of each epoch's first batch {draws}")
+
+# %% [markdown]
+# Output:
+# ```text
+# persistent_workers=False: own rng of each epoch's first batch [[85, 63, 51], [85, 63, 51]]
+# persistent_workers=True : own rng of each epoch's first batch [[85, 63, 51], [54, 55, 93]]
+# ```
+#
+# New workers each epoch start again from the copied generator; persistent workers keep
+# their copy, which moves on. Persistence changes when the copies restart, not that the
+# workers' copies start out equal: the `worker_init_fn` remains the fix.
 
 # %% [markdown]
 # ## 10. Iterable datasets: every worker runs the whole stream
@@ -889,14 +1078,116 @@ except ValueError as err:
 # ```
 #
 # Without sharding, an epoch holds every line twice, and nothing warns you: each duplicate
-# batch is one more step on data the model has just seen. With sharding, worker `w` keeps lines `w, w + 2, w + 4, ...` and the two workers
-# together read each line once. The loader still takes batches from the workers in turn,
+# batch is one more step on data the model has just seen. With sharding, worker `w` keeps
+# lines `w, w + 2, w + 4, ...` and the two workers together read each line once. The loader still takes batches from the workers in turn,
 # so the order of an epoch is interleaved, not the file's order. For a stream, batches are
 # built inside each worker and the loader refuses `shuffle` (there is no index to shuffle):
 # any shuffling (a buffer, shuffled shards) is the dataset's own job.
 
 # %% [markdown]
-# ## 11. Reproducibility switches
+# ## 11. Batches in flight: `num_workers`, `prefetch_factor`, `pin_memory`
+#
+# With workers, the main process does not wait for a batch to be asked for: as soon as the
+# iterator exists it hands each worker `prefetch_factor` batches of indices (2 by default),
+# and every time it receives a batch it hands out one more. The main process runs your
+# training step meanwhile, and the workers prepare the next batches. With
+# `num_workers=0` there are no workers: each batch is built in the main process when you
+# ask for it.
+#
+# **Predict.** A batch sampler counts how many batches of indices the loader has taken
+# from it. How many right after `iter(loader)`, and after the first batch, with 0 workers,
+# with 2 workers and the default `prefetch_factor`, and with 2 workers and
+# `prefetch_factor=4`?
+
+
+# %%
+class CountingBatches:
+    """Batches of 2 consecutive indices, counting how many the loader has taken. It runs in
+    the main process only (workers receive indices, not the sampler), so it may live here."""
+
+    def __init__(self, n, size=2):
+        self.batches, self.taken = [list(range(i, min(i + size, n))) for i in range(0, n, size)], 0
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        for b in self.batches:
+            self.taken += 1
+            yield b
+
+
+def taken(num_workers, prefetch_factor):
+    """(batches taken when iter() returns, batches taken after the first batch arrived)"""
+    sampler = CountingBatches(len(ds))
+    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
+                        prefetch_factor=prefetch_factor,
+                        multiprocessing_context=start_method() if num_workers else None)
+    with main_script_hidden():
+        it = iter(loader)  # workers start here
+    at_iter = sampler.taken
+    next(it)
+    del it  # shuts the workers down
+    return at_iter, sampler.taken
+
+
+for workers, prefetch in [(0, None), (2, None), (2, 4)]:
+    at_iter, after_first = taken(workers, prefetch)
+    print(f"num_workers {workers}, prefetch_factor {prefetch or 'default'}: batches taken at iter() "
+          f"{at_iter}, after the first batch {after_first}")
+try:
+    DataLoader(ds, num_workers=0, prefetch_factor=2)
+except ValueError as err:
+    print(f"prefetch_factor with num_workers=0: {err}")
+
+# %% [markdown]
+# Output:
+# ```text
+# num_workers 0, prefetch_factor default: batches taken at iter() 0, after the first batch 1
+# num_workers 2, prefetch_factor default: batches taken at iter() 4, after the first batch 5
+# num_workers 2, prefetch_factor 4: batches taken at iter() 8, after the first batch 9
+# prefetch_factor with num_workers=0: prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.
+# ```
+#
+# The default `prefetch_factor` is 2, and `num_workers × prefetch_factor` batches are in
+# flight at any time: that many batches' worth of memory, and that much work done ahead.
+# Workers are worth their cost when building batches is slow (decoding images, tokenizing
+# on the fly): each one is a process with a copy of the dataset and its batches in flight.
+#
+# The last step of a batch's journey is the copy to the GPU. A CPU tensor normally lives
+# in *pageable* memory, which the operating system may move or swap; the GPU's copy engine
+# can only read *pinned* (page-locked) memory, so a copy from pageable memory first goes
+# through a pinned staging buffer, and the CPU waits for it. `pin_memory=True` makes the
+# loader put each batch in pinned memory itself; then
+# `batch.to("cuda", non_blocking=True)` can return at once while the copy proceeds, and
+# overlap with the GPU's work (lesson 06 times it).
+#
+# **Predict.** Does `pin_memory=True` give pinned batches on your machine? On one without
+# a GPU?
+
+# %%
+pinned_batch = next(iter(DataLoader(ds, batch_size=4, collate_fn=collate, pin_memory=True)))
+is_pinned = pinned_batch["tokens"].is_pinned()
+print(f"pin_memory=True: tokens in pinned memory exactly when a CUDA GPU is present: "
+      f"{is_pinned == torch.cuda.is_available()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# pin_memory=True: tokens in pinned memory exactly when a CUDA GPU is present: True
+# ```
+#
+# Pinned memory is allocated through an accelerator's driver. Without one (a CPU-only
+# machine), the loader warns on stderr ("'pin_memory' argument is set as true but no
+# accelerator is found, then device pinned memory won't be used") and returns ordinary
+# tensors; a Mac's MPS backend gets a warning of its own and no pinning either. With a
+# CUDA GPU the batch comes back pinned. The printed line states that rule, so that it reads
+# the same on every machine; the lesson's GPU test checks the pinned batches and measures
+# the copy to the GPU from pinned and from pageable memory.
+
+
+# %% [markdown]
+# ## 12. Reproducibility switches
 #
 # `torch.manual_seed(s)` seeds the default generator of the CPU (and of every GPU):
 # parameter initialisation, dropout masks, `randperm`, and the `base_seed` of loaders that
@@ -904,45 +1195,68 @@ except ValueError as err:
 # switch: it makes ops that have a nondeterministic implementation either use a
 # deterministic one or raise an error.
 #
-# **Predict.** Does the same seed give the same initial weights? Under the switch, does an
-# accumulating `index_put_` (two writes to the same cell, one of the ops the documentation
-# lists as nondeterministic on CPU) still run? What does `torch.empty` contain?
+# **Predict.** Does the same seed give the same initial weights, and the same order from a
+# shuffled loader without a generator? Under the switch, does an accumulating `index_put_`
+# (two additions to the same cell, an op the documentation lists as nondeterministic on
+# CPU) still run? And `put_`, which writes values at flat indices (if an index repeats,
+# which write wins)? What does `torch.empty` contain?
 
 # %%
 torch.manual_seed(0)
 w1 = nn.Linear(3, 2).weight.detach().clone()
+order_1 = [b["idx"] for b in DataLoader(ds, batch_size=8, shuffle=True, collate_fn=collate)]
 torch.manual_seed(0)
 w2 = nn.Linear(3, 2).weight.detach().clone()
-print(f"same seed, same init: {torch.equal(w1, w2)}")
+order_2 = [b["idx"] for b in DataLoader(ds, batch_size=8, shuffle=True, collate_fn=collate)]
+print(f"same seed: same init {torch.equal(w1, w2)}, same loader order {order_1 == order_2}")
 torch.use_deterministic_algorithms(True)
 try:
     idx = torch.tensor([0, 0, 2])  # cell 0 receives two additions
     acc = torch.zeros(3).index_put_((idx,), torch.ones(3), accumulate=True)  # (3,)
     print(f"deterministic mode {torch.are_deterministic_algorithms_enabled()}: "
           f"index_put_ {acc.tolist()}")
-    print(f"torch.empty under it: {torch.empty(3).tolist()}")
+    try:
+        torch.zeros(3).put_(torch.tensor([0, 2]), torch.tensor([1.0, 2.0]))  # no index repeats
+    except RuntimeError as err:
+        print(f"put_ at indices [0, 2]: {str(err).split(', but')[0]}")
+    print(f"torch.empty under it: {torch.empty(3).tolist()} "
+          f"(fill_uninitialized_memory {torch.utils.deterministic.fill_uninitialized_memory})")
 finally:
     torch.use_deterministic_algorithms(False)  # global state: do not leak into later code
 print(f"deterministic mode now {torch.are_deterministic_algorithms_enabled()}")
+print(f"cuDNN switches: deterministic {torch.backends.cudnn.deterministic}, "
+      f"benchmark {torch.backends.cudnn.benchmark}")
 
 # %% [markdown]
 # Output:
 # ```text
-# same seed, same init: True
+# same seed: same init True, same loader order True
 # deterministic mode True: index_put_ [2.0, 0.0, 1.0]
-# torch.empty under it: [nan, nan, nan]
+# put_ at indices [0, 2]: put_ does not have a deterministic implementation
+# torch.empty under it: [nan, nan, nan] (fill_uninitialized_memory True)
 # deterministic mode now False
+# cuDNN switches: deterministic False, benchmark False
 # ```
 #
 # Seeding makes the *random numbers* repeat: same initial weights, same dropout masks, same
-# loader order. The deterministic switch is about *kernels*: on this CPU the accumulating
-# `index_put_` simply takes its deterministic path, and almost every op that raises under
-# the switch is a CUDA kernel (atomic adds, some cuDNN and pooling backwards), so on a CPU
-# you see no error. One visible CPU effect: `torch.empty` now fills new memory with NaN
-# (`torch.utils.deterministic.fill_uninitialized_memory` is True by default), so code that
-# reads memory it never wrote shows up as NaN instead of old garbage. The switch is global
-# state, so the cell turns it back off. Full reproducibility also needs the same library
-# versions and hardware, and on GPUs the cuBLAS workspace setting the error message names.
+# loader order. The deterministic switch is about *kernels*: the accumulating `index_put_`
+# takes its deterministic path on the CPU. `put_` has no deterministic implementation at
+# all (with a repeated index, which write wins is unspecified), and it does not look at
+# its indices to find out: under the switch it raises, on the CPU too, even when no index
+# repeats. Most ops that raise under the switch are GPU kernels whose parallel threads add
+# into the same place in a varying order. A visible CPU effect:
+# `torch.empty` fills new memory with NaN (`fill_uninitialized_memory` is True by
+# default), so code that reads memory it never wrote shows NaN instead of old garbage. The
+# switch is global state, so the cell turns it back off.
+#
+# On a GPU two more switches matter. cuDNN picks a convolution algorithm per shape:
+# `torch.backends.cudnn.benchmark = True` times several and keeps the fastest, which can
+# differ from run to run, and `torch.backends.cudnn.deterministic = True` restricts it to
+# deterministic ones (both are off by default, as printed). And cuBLAS, under the
+# deterministic switch, refuses to run a matrix product unless the environment variable
+# `CUBLAS_WORKSPACE_CONFIG` is `:4096:8` or `:16:8` before the process first uses it: a
+# fixed workspace makes its reductions repeat. The lesson's GPU test checks both. Full
+# reproducibility also needs the same library versions and hardware.
 
 # %% [markdown]
 # ## Summary
@@ -951,30 +1265,38 @@ print(f"deterministic mode now {torch.are_deterministic_algorithms_enabled()}")
 #   `_modules`; `register_buffer` files a tensor under `_buffers`. `parameters()`,
 #   `state_dict()`, `.to()`, `train()`/`eval()` and the optimizer see only those registries.
 # - Layers in a plain list still run and still get gradients, but they are not trained,
-#   not saved and not converted. Use `nn.ModuleList` / `nn.ModuleDict` / `nn.Sequential`.
-# - `parameters()` yields a tied parameter once; `state_dict()` lists it under every name.
+#   not saved, not converted and not switched to `eval()`. Use `nn.ModuleList` /
+#   `nn.ModuleDict` / `nn.Sequential`.
+# - `parameters()` yields a tied parameter once (its gradient sums both uses);
+#   `state_dict()` lists it under every name, and `torch.save` writes its storage once.
 #   `load_state_dict(strict=True)` raises, naming missing and unexpected keys; with
 #   `strict=False`, read the two lists it returns. Non-persistent buffers are not saved.
 # - Three independent switches: `train()`/`eval()` (dropout, BatchNorm's batch statistics
 #   and running-stat updates), `no_grad` (no graph), `inference_mode` (no graph, inference
-#   tensors). Evaluation wants `eval()` and one of the two modes.
+#   tensors). Evaluation wants `eval()` and one of the two modes; the modes are per thread.
 # - `total += loss` chains every step's graph to the total (nodes always; saved activations
 #   too when no `backward()` frees them). Sum `loss.item()` or `loss.detach()`.
 # - Parameter groups carry their own hyperparameters: AdamW's decoupled decay on the
 #   matrices, none on biases and norm gains. The optimizer's `state_dict` refers to
-#   parameters by position in the groups, so it loads only into the same grouping.
+#   parameters by position in the groups; loading checks only the groups' number and
+#   sizes, so rebuild the same grouping in the same order.
 # - A DataLoader = sampler (order) → batch sampler (`batch_size`, `drop_last`) →
 #   `collate_fn` (here: pad to the batch's longest sequence, mask True on real tokens).
 #   Workers get a copy of the dataset (forked, or pickled under spawn and forkserver: keep
 #   the dataset, `collate_fn` and `worker_init_fn` in an importable module, and a script's
-#   work under `if __name__ == "__main__":`). The loader seeds torch, `random` and NumPy's
-#   global RNG per worker from `base_seed`, which comes from its `generator`. Reseed
-#   anything else (a dataset's own generator) in `worker_init_fn`; a seeded
-#   `torch.Generator` then makes two runs give the same batches.
+#   work under `if __name__ == "__main__":`, since spawn and forkserver run the main script
+#   again in every worker). The loader seeds torch, `random` and NumPy's global RNG per
+#   worker from `base_seed`, which comes from its `generator`. Reseed anything else (a
+#   dataset's own generator) in `worker_init_fn`; a seeded `torch.Generator` then makes two
+#   runs give the same batches.
 # - Each worker runs an `IterableDataset`'s whole `__iter__`: shard it with
 #   `get_worker_info()`, or every item comes once per worker.
+# - `num_workers × prefetch_factor` batches are in flight; `pin_memory=True` puts batches in
+#   page-locked memory for asynchronous copies to a CUDA GPU (and does nothing without one).
 # - `torch.manual_seed` repeats random numbers; `use_deterministic_algorithms(True)` picks
-#   deterministic kernels or raises (mostly on CUDA) and fills `torch.empty` with NaN.
+#   deterministic kernels or raises (mostly on GPUs, but `put_` with a repeated index raises
+#   on the CPU) and fills `torch.empty` with NaN. On a GPU, also mind cuDNN's `benchmark`
+#   and `deterministic` switches and `CUBLAS_WORKSPACE_CONFIG`.
 #
 # ## Exercises
 #

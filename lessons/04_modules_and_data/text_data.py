@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing
+import random
 import sys
 
 import numpy as np
@@ -53,7 +54,8 @@ def collate(items):
 
 
 class Noisy(Lines):
-    """Lines that also report their worker and two random draws: the dataset's own RNG, NumPy's."""
+    """Lines that also report their worker, its torch seed, and three random draws: the
+    dataset's own RNG, Python's `random`, NumPy's global RNG."""
 
     def __init__(self, lines, vocab):
         super().__init__(lines, vocab)
@@ -63,8 +65,9 @@ class Noisy(Lines):
     def __getitem__(self, i):
         info = get_worker_info()  # None in the main process
         item = super().__getitem__(i)
-        item.update(worker=info.id if info else -1, seed=self.seed,
-                    own=int(self.rng.integers(100)), glob=int(np.random.randint(100)))
+        item.update(worker=info.id if info else -1, seed=self.seed, torch_seed=torch.initial_seed(),
+                    own=int(self.rng.integers(100)), py=random.randrange(100),
+                    glob=int(np.random.randint(100)))
         return item
 
 
@@ -93,8 +96,9 @@ class LineStream(IterableDataset):
 def start_method():
     """How this lesson starts workers: forkserver on Linux, spawn elsewhere; never fork."""
     if sys.platform.startswith("linux"):
-        # The server imports torch once; the workers forked from it need not import it again.
-        # (A process-wide setting; it only changes how fast a forkserver starts its workers.)
+        # The server imports torch once; the workers forked from it need not import it again
+        # (the lesson's tests time a loader started this way against one started by spawn).
+        # A process-wide hint, read when the server starts; it only changes start-up time.
         multiprocessing.get_context("forkserver").set_forkserver_preload(["torch"])
         return "forkserver"
     return "spawn"
@@ -106,9 +110,12 @@ def main_script_hidden():
 
     A spawn or forkserver worker first runs the main *script* again (as `__mp_main__`), to
     find what was defined there; a script protects its own work with
-    `if __name__ == "__main__":`. A notebook has no main file, so nothing runs again. The
-    lesson is a script and a notebook at once, and a guard cannot span notebook cells: its
-    workers need nothing from `__main__`, so while they start, the file is hidden.
+    `if __name__ == "__main__":`. `multiprocessing` decides what to run again from
+    `__main__.__spec__` and `__main__.__file__`, read when it starts each process; a
+    notebook has neither, so nothing runs again. The lesson is a script and a notebook at
+    once, and a guard cannot span notebook cells: its workers need nothing from `__main__`,
+    so while they start, the file is hidden. A shortcut for this lesson; a training script
+    of your own uses the guard.
     """
     main = sys.modules["__main__"]
     saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
@@ -127,14 +134,27 @@ def batches(loader, count=None):
     return list(itertools.islice(it, count))
 
 
+KEYS = ("worker", "idx", "own", "py", "glob", "seed", "torch_seed")  # what a Noisy batch reports
+
+
+def noisy_loader(lines, vocab, init=None, seed=0, context=None, persistent=False):
+    """A 2-worker shuffled loader over Noisy, batches of 3, its generator seeded."""
+    return DataLoader(Noisy(lines, vocab), batch_size=3, shuffle=True, num_workers=2,
+                      collate_fn=collate, worker_init_fn=init, persistent_workers=persistent,
+                      generator=torch.Generator().manual_seed(seed),
+                      multiprocessing_context=context or start_method())
+
+
 def run_loader(lines, vocab, init=None, seed=0, count=4, context=None):
-    """The first batches of a 2-worker shuffled loader over Noisy, as dicts of plain lists."""
-    loader = DataLoader(Noisy(lines, vocab), batch_size=3, shuffle=True, num_workers=2,
-                        collate_fn=collate, worker_init_fn=init,
-                        generator=torch.Generator().manual_seed(seed),
-                        multiprocessing_context=context or start_method())
-    keys = ("worker", "idx", "own", "glob", "seed")
-    return [{k: b[k] for k in keys} for b in batches(loader, count)]
+    """The first batches of noisy_loader, as dicts of plain lists."""
+    loader = noisy_loader(lines, vocab, init, seed, context)
+    return [{k: b[k] for k in KEYS} for b in batches(loader, count)]
+
+
+def first_draws_per_epoch(lines, vocab, persistent, epochs=2):
+    """The own-RNG draws of each epoch's first batch, every epoch read to its end."""
+    loader = noisy_loader(lines, vocab, persistent=persistent)
+    return [batches(loader)[0]["own"] for _ in range(epochs)]
 
 
 def run_stream(lines, vocab, shard, context=None):
