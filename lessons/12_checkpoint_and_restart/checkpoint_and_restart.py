@@ -14,12 +14,14 @@
 #   `set_state_dict`), which files it writes and what its `.metadata` says;
 # - that a checkpoint is more than weights: step, learning-rate schedule, random state and
 #   the data loader's position, and what goes wrong without each;
-# - how a checkpoint saved by 2 FSDP2 ranks loads into 1 process and back into 2 (resharding),
-#   and how to turn it into one `torch.save` file;
+# - how a checkpoint saved by 2 FSDP2 ranks loads into 1 process, which trains on and saves,
+#   and how 2 ranks continue from that (resharding), and how to turn a checkpoint into one
+#   `torch.save` file;
 # - `dcp.async_save`: writing a checkpoint while the next step runs;
-# - the restart drill: `torchrun --max-restarts=1`, a rank killed while writing a
-#   checkpoint, a restart from the latest *complete* checkpoint, and a final result equal
-#   to an uninterrupted run;
+# - the restart drill: `torchrun --max-restarts=1`, a rank killed from outside while it
+#   writes a checkpoint, a restart from the latest *complete* checkpoint that checks what
+#   the checkpoint was made with, and a final result bitwise equal to an uninterrupted run
+#   (with dropout and a shuffled data order);
 # - why `torch.load` of a stranger's file is dangerous and what `weights_only=True` and
 #   safetensors do about it.
 #
@@ -29,12 +31,15 @@
 # **How to run:** `python lessons/12_checkpoint_and_restart/checkpoint_and_restart.py` or
 # `make lesson N=12` from the repository root, or open `checkpoint_and_restart.ipynb`. It
 # writes checkpoints into a temporary folder (removed at the end), launches two 2-rank
-# runs of `worker.py` on the CPU with gloo (the whole script: about 20 s on this 2-core
-# machine alone, 25 to 47 s measured while other jobs used its cores), and saves its
-# figure next to the lesson. You can run the worker yourself:
-# `torchrun --standalone --nproc-per-node=2 lessons/12_checkpoint_and_restart/worker.py reshard /tmp/ck`
-# or, for the drill (an empty folder each time),
-# `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 --max-restarts=1 lessons/12_checkpoint_and_restart/worker.py drill /tmp/drill`
+# runs of `worker.py` on the CPU with gloo, and saves its figure next to the lesson. You can
+# run the worker yourself (an empty folder each time; `--hold K` stops the first attempt
+# after step K and waits for a kill: `kill -9` one of the pids it prints, from another shell):
+#
+#     torchrun --standalone --nproc-per-node=2 \
+#         lessons/12_checkpoint_and_restart/worker.py reshard /tmp/ck
+#     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 \
+#         --max-restarts=1 lessons/12_checkpoint_and_restart/worker.py drill /tmp/drill --hold 8
+#
 # (add `--backend nccl` on a machine with 2 GPUs). Each printing cell is followed by an
 # *Output* block: what it printed with the pinned PyTorch (2.13.0), checked by `make test`.
 
@@ -53,6 +58,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -61,11 +67,13 @@ torch.manual_seed(0)
 torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit (lesson 09)
+sys.path.insert(0, str(HERE))  # this folder: worker.py, the ranks' code and the drill's helpers
 from multirank import launch, section, show  # noqa: E402
+from worker import CONFIG, REVISION, Killer, compatible, plot_drill  # noqa: E402
 
 WORKER = HERE / "worker.py"
-TMP = Path(tempfile.mkdtemp(prefix="lesson12-"))  # every checkpoint of the lesson; removed at the end
-atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # ... and at exit, should a cell fail first
+TMP = Path(tempfile.mkdtemp(prefix="lesson12-"))  # the lesson's checkpoints; removed at the end
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # ... and at exit, should a cell fail
 F = torch.nn.functional
 
 
@@ -123,13 +131,16 @@ fresh, fresh_optim = tiny(1)  # other weights, an optimizer with no state yet
 msd, osd = get_state_dict(fresh, fresh_optim)  # the template DCP fills in place
 loaded = {"model": msd, "optim": osd}
 dcp.load(loaded, checkpoint_id=one, no_dist=True)
-set_state_dict(fresh, fresh_optim, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+set_state_dict(fresh, fresh_optim, model_state_dict=loaded["model"],
+               optim_state_dict=loaded["optim"])
 loss2_restored = update(fresh, fresh_optim, xs[1], ys[1])
-print(f"update 2 loss: uninterrupted {loss2.item():.6f}, restored {loss2_restored.item():.6f}, equal {same(loss2, loss2_restored)}")
+print(f"update 2 loss: uninterrupted {loss2.item():.6f}, restored {loss2_restored.item():.6f}, "
+      f"equal {same(loss2, loss2_restored)}")
 for (name, p), q in zip(model.named_parameters(), fresh.parameters()):
     s, t = optim.state[p], fresh_optim.state[q]
     eq = {k: same(s[k], t[k]) for k in ("exp_avg", "exp_avg_sq", "step")}
-    print(f"{name}: param {same(p, q)}, exp_avg {eq['exp_avg']}, exp_avg_sq {eq['exp_avg_sq']}, step {eq['step']} ({t['step'].item():.0f})")
+    print(f"{name}: param {same(p, q)}, exp_avg {eq['exp_avg']}, exp_avg_sq {eq['exp_avg_sq']}, "
+          f"step {eq['step']} ({t['step'].item():.0f})")
 
 # %% [markdown]
 # Output:
@@ -157,7 +168,8 @@ meta = dcp.FileSystemReader(one).read_metadata()
 for key, item in meta.state_dict_metadata.items():
     if key.startswith("optim.param_groups") and not key.endswith((".lr", ".params")):
         continue  # the other hyperparameters look like .lr
-    kind = f"tensor {list(item.size)} {item.properties.dtype}" if hasattr(item, "size") else "bytes (pickled)"
+    tensor = hasattr(item, "size")
+    kind = f"tensor {list(item.size)} {item.properties.dtype}" if tensor else "bytes (pickled)"
     where = [s for i, s in meta.storage_data.items() if i.fqn == key][0]
     print(f"{key:32} {kind:28} in {where.relative_path} at byte {where.offset}")
 
@@ -213,13 +225,15 @@ class Trainer:
 
     def __init__(self, seed=0):
         torch.manual_seed(seed)
-        self.model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+        self.model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5),
+                                         torch.nn.Linear(8, 1))
         self.optim = torch.optim.Adam(self.model.parameters(), lr=0.1)
         self.sched = torch.optim.lr_scheduler.StepLR(self.optim, step_size=4, gamma=0.5)
         data = torch.randn(32, 5, generator=torch.Generator().manual_seed(42))  # (32, 5)
         ds = torch.utils.data.TensorDataset(torch.arange(32), data[:, :4], data[:, 4:])
         self.gen = torch.Generator().manual_seed(7)  # the loader's shuffle generator
-        self.loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, generator=self.gen)
+        self.loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True,
+                                                  generator=self.gen)
         self.step, self.epoch, self.used, self.it = 0, 0, 0, None
         self.epoch_rng = self.gen.get_state()  # the state that decides this epoch's order
 
@@ -248,15 +262,19 @@ class Trainer:
 
     def state_dict(self):
         msd, osd = get_state_dict(self.model, self.optim)
-        return {"model": msd, "optim": osd, "sched": self.sched.state_dict(), "rng": torch.get_rng_state(),
-                "cursor": {"step": self.step, "epoch": self.epoch, "used": self.used, "epoch_rng": self.epoch_rng}}
+        cursor = {"step": self.step, "epoch": self.epoch, "used": self.used,
+                  "epoch_rng": self.epoch_rng}
+        return {"model": msd, "optim": osd, "sched": self.sched.state_dict(),
+                "rng": torch.get_rng_state(), "cursor": cursor}
 
     def load_state_dict(self, sd):
-        set_state_dict(self.model, self.optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        set_state_dict(self.model, self.optim, model_state_dict=sd["model"],
+                       optim_state_dict=sd["optim"])
         self.sched.load_state_dict(sd["sched"])
         torch.set_rng_state(sd["rng"])
         c = sd["cursor"]
-        self.step, self.epoch, self.used, self.epoch_rng, self.it = c["step"], c["epoch"], c["used"], c["epoch_rng"], None
+        self.step, self.epoch, self.used = c["step"], c["epoch"], c["used"]
+        self.epoch_rng, self.it = c["epoch_rng"], None
 
 
 def resume(kind):
@@ -283,7 +301,8 @@ for _ in range(6):
 msd, osd = get_state_dict(first.model, first.optim)
 dcp.save({"model": msd, "optim": osd}, checkpoint_id=TMP / "weights6", no_dist=True)
 dcp.save({"app": first}, checkpoint_id=TMP / "full6", no_dist=True)  # calls first.state_dict
-runs = {"uninterrupted": (straight, log[6:])} | {k: resume(k) for k in ("weights only", "all but RNG", "full state")}
+runs = {"uninterrupted": (straight, log[6:])}
+runs |= {k: resume(k) for k in ("weights only", "all but RNG", "full state")}
 print(f"step 1 of the run used batch {log[0]['batch']}")
 for name, (t, steps) in runs.items():
     print(f"{name:13} step 7: batch {steps[0]['batch']} loss {steps[0]['loss']:.6f}")
@@ -291,8 +310,10 @@ for name, (t, steps) in runs.items():
     lrs = " ".join(f"{s['lr']:.4f}" for s in steps)
     print(f"{name:13} lr at steps 7-12: {lrs}")
 for name, (t, steps) in runs.items():
-    diff = max((p - q).abs().max().item() for p, q in zip(t.model.parameters(), straight.model.parameters()))
-    print(f"{name:13} after step 12: losses equal {[s['loss'] for s in steps] == [s['loss'] for s in log[6:]]}, max |param diff| {diff:.2e}")
+    pairs = zip(t.model.parameters(), straight.model.parameters())
+    diff = max((p - q).abs().max().item() for p, q in pairs)
+    equal = [s["loss"] for s in steps] == [s["loss"] for s in log[6:]]
+    print(f"{name:13} after step 12: losses equal {equal}, max |param diff| {diff:.2e}")
 
 # %% [markdown]
 # Output:
@@ -330,28 +351,26 @@ for name, (t, steps) in runs.items():
 #
 # The cursor is `(epoch, batches used, the loader generator's state at the epoch's start)`:
 # restoring the generator redraws the same permutation, and the used batches are skipped.
-# With multi-worker loaders or streaming data the cursor is harder (the torchdata package's
-# `StatefulDataLoader` saves one), but the requirement is the same: the restored run must
-# see the next batch the old run would have seen.
+# With multi-worker loaders or streaming data the cursor is harder, but the requirement is
+# the same: the restored run must see the next batch the old run would have seen.
 
 
 # %% [markdown]
-# ## 3. Two ranks save, one process loads, two ranks load again
+# ## 3. Two ranks save, one process trains on, two ranks take it back
 #
 # Now the model is sharded. The worker builds the same kind of MLP on 2 ranks, shards it with
 # FSDP2 (`fully_shard`: every parameter a DTensor `Shard(0)`, each rank holding half the
 # rows), takes one step on a global batch of 8 (4 rows per rank) and saves with `dcp.save`:
-# *each rank writes its own shards*, nothing is gathered. Then it takes step 2 (the
-# uninterrupted reference) and builds a fresh sharded model with other weights, loads the
-# checkpoint into it, and takes step 2 again. In the same launch, rank 0 alone turns the
-# 2-rank checkpoint into one written by a single process, and both ranks load that one
-# (1 → 2): the cells after the 1-process part below show it.
+# *each rank writes its own shards*, nothing is gathered. Then it takes steps 2 and 3 (the
+# uninterrupted reference; rank 0 writes both to files for this notebook) and builds a fresh
+# sharded model with other weights, loads the checkpoint into it, and takes step 2 again.
+# The chain 2 → 1 → 2 follows: this notebook, one process, loads the 2-rank checkpoint,
+# takes step 2 and saves; the next launch (section 5) loads that on 2 ranks and takes step 3.
 #
-# The launch goes through the course's multi-rank kit, `lessons/multirank.py`, with the
-# precautions of lesson 09 (a hard timeout, every process of the launch killed however it
-# ends, one log file per rank, `OMP_NUM_THREADS=1`). It keeps the logs of *every attempt*
-# (`attempt_0`, `attempt_1`, ...), which the restart drill needs (`section(run, name,
-# attempt)`), and it sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (section 5 says why).
+# The launch goes through the course's multi-rank kit, `lessons/multirank.py` (lesson 09: a
+# hard timeout, every process of the launch killed however it ends, one log file per rank,
+# `OMP_NUM_THREADS=1`). It keeps the logs of *every attempt*, which the restart drill needs
+# (`section(run, name, attempt)`).
 #
 # **Predict.** How many `.distcp` files does a 2-rank save write? Is the reloaded step 2
 # bitwise equal to the uninterrupted one?
@@ -384,10 +403,9 @@ print(f"files in step1: {sorted(p.name for p in (ck / 'step1').iterdir())}")
 # built from other weights, took step 2 exactly as the run that never stopped: loss and all
 # four gathered parameters bitwise equal. (The checkpoint also holds the LR scheduler and
 # the step, the cursor of this worker's data: its batches are a function of the step.) The
-# ranks' losses are shown as `«number»`: their sixth digit differs between CPUs (the vector
-# instructions change the order of additions), while what this lesson claims about them,
-# that a restored run's are *equal* to the uninterrupted run's, is printed as True or False
-# and holds on every machine.
+# losses are shown as `«number»`: their sixth digit differs between CPUs (the vector
+# instructions change the order of additions); that a restored run's are *equal* to the
+# uninterrupted run's is printed as True or False and holds on every machine.
 #
 # **Predict.** The checkpoint was written by 2 ranks. Can one process without any process
 # group read it? What does the metadata say about the first layer's weight?
@@ -410,11 +428,12 @@ print(f"'step' (a plain int) is stored once, in {sharded.storage_data[step_key].
 # The metadata records each tensor's *global* shape and, for a sharded one, where each
 # rank's chunk sits in it: rows 0-7 from rank 0, rows 8-15 from rank 1. That is what makes
 # resharding possible: a loader asks for the pieces *it* needs, in whatever layout it has,
-# and DCP reads the overlapping parts of the stored chunks. Values that are the same on
-# every rank (the `step` here, hyperparameters, the scheduler) are written by one rank
-# only, whichever the planner picks (rank 1 here): DCP assumes a non-tensor value, and a
-# plain tensor, is *replicated*. A per-rank value (each rank's RNG state, say) must
-# therefore be stored under a per-rank key, or all ranks but one lose theirs.
+# and DCP reads the overlapping parts of the stored chunks. A value that is not a DTensor
+# (the `step` here, hyperparameters, the scheduler) is stored once, by one rank, whichever
+# the planner picks (rank 1 here): DCP assumes it is the same on every rank. A per-rank
+# value (each rank's RNG state) must therefore be stored under a per-rank key or as rows
+# of one tensor that every rank holds (the drill of section 5 does that), or all ranks but
+# one lose theirs.
 #
 # So one process can load it. Below, a plain (unsharded) copy of the worker's model, with
 # other weights, loads the 2-rank checkpoint with `no_dist=True` and takes step 2 the way
@@ -438,7 +457,7 @@ def two_rank_step(net, opt, step, split=True):
     (split=False: one backward over the whole batch of 8 instead)."""
     gen = torch.Generator().manual_seed(1000 + step)  # the worker's batch(step)
     x, y = torch.randn(8, 8, generator=gen), torch.randn(8, 4, generator=gen)  # (8, 8), (8, 4)
-    halves = (slice(0, 4), slice(4, 8)) if split else (slice(0, 8),)  # rank 0's rows, rank 1's
+    halves = (slice(0, 4), slice(4, 8)) if split else (slice(0, 8),)  # rank 0's, rank 1's
     losses, grads = [], []
     for rows in halves:
         net.zero_grad()
@@ -460,20 +479,24 @@ def load_one(seed):
     dcp.load(sd, checkpoint_id=ck / "step1", no_dist=True)  # 2 ranks' shards -> 1 process
     set_state_dict(net, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
     sched.load_state_dict(sd["sched"])
-    return net, opt, sd
+    return net, opt, sched, sd["step"]
 
 
-net, opt, sd = load_one(seed=7)
+net, opt, sched, step = load_one(seed=7)
 before = {n: p.detach().clone() for n, p in net.named_parameters()}  # as loaded
-ref = torch.load(ck / "reference.pt")  # rank 0 saved the ranks' step-2 loss and full parameters
-one_loss = two_rank_step(net, opt, sd["step"] + 1)
-print(f"loaded step {sd['step']} into 1 process; weight {list(net[0].weight.shape)}, lr {opt.param_groups[0]['lr']}")
+ref = torch.load(ck / "reference.pt")  # rank 0 saved the ranks' step-2 loss and parameters
+lr = opt.param_groups[0]["lr"]
+one_loss = two_rank_step(net, opt, step + 1)
+sched.step()  # as the ranks' scheduler did after step 2
+print(f"loaded step {step} into 1 process; weight {list(net[0].weight.shape)}, lr {lr}")
 print(f"step 2 loss {one_loss:.6f}, equal to the 2 ranks' {one_loss == ref['loss']}")
-print(f"parameters bitwise equal to the 2 ranks' step 2: {all(same(p, ref['params'][n]) for n, p in net.named_parameters())}")
-whole, whole_opt, _ = load_one(seed=8)
+equal = all(same(p, ref["params"][n]) for n, p in net.named_parameters())
+print(f"parameters bitwise equal to the 2 ranks' step 2: {equal}")
+whole, whole_opt, _, _ = load_one(seed=8)
 two_rank_step(whole, whole_opt, 2, split=False)
 gap = max((p - ref["params"][n]).abs().max().item() for n, p in whole.named_parameters())
-print(f"one backward over all 8 rows instead: bitwise {gap == 0}, max |diff| {gap:.1e}, below 1e-06: {gap < 1e-6}")
+print(f"one backward over all 8 rows instead: bitwise {gap == 0}, max |diff| {gap:.1e}, "
+      f"below 1e-06: {gap < 1e-6}")
 
 # %% [markdown]
 # Output:
@@ -489,20 +512,49 @@ print(f"one backward over all 8 rows instead: bitwise {gap == 0}, max |diff| {ga
 # arithmetic*, not only the same data: two half-batch gradients averaged, as FSDP2's
 # reduce-scatter averages them. One backward over all 8 rows computes the same mathematical
 # gradient with its sums in another order, and the parameters after Adam differ in the last
-# bits (1.5e-8 to 3e-8 on the CPUs we tried: which bits, depends on the CPU).
+# bits (a gap below 1e-6; which bits, depends on the CPU).
+#
+# Now this process saves what it trained, model, Adam, scheduler and step, as any
+# single-process job would: `dcp.save(..., no_dist=True)` into `step2_one`.
+#
+# **Predict.** How many files, and how many chunks of the (16, 8) weight, does one process
+# write?
+
+# %%
+msd, osd = get_state_dict(net, opt)
+dcp.save({"model": msd, "optim": osd, "sched": sched.state_dict(), "step": step + 1},
+         checkpoint_id=ck / "step2_one", no_dist=True)
+print(f"files in step2_one: {sorted(p.name for p in (ck / 'step2_one').iterdir())}")
+single = dcp.FileSystemReader(ck / "step2_one").read_metadata()
+for chunk in single.state_dict_metadata["model.0.weight"].chunks:
+    print(f"step2_one: model.0.weight chunk at offset {list(chunk.offsets)} size "
+          f"{list(chunk.sizes)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# files in step2_one: ['.metadata', '__0_0.distcp']
+# step2_one: model.0.weight chunk at offset [0, 0] size [16, 8]
+# ```
+#
+# One file and one chunk: the whole (16, 8) weight at offset [0, 0]. Section 5's launch
+# loads it into 2 fresh sharded ranks; each asks for *its* rows (rank 0 rows 0-7, rank 1 rows
+# 8-15) and DCP reads that part of the one stored chunk, the mirror image of the 2 → 1 load.
 #
 # A checkpoint folder is convenient for training and awkward for anything else. DCP's
 # format utilities convert it: `dcp_to_torch_save(folder, file)` gathers every tensor into
 # one `torch.save` file of full tensors (it must fit in one process's memory).
 #
 # **Predict.** What does the converted file hold, and is its first weight the one the
-# 1-process model just loaded (before step 2)?
+# 1-process model loaded (before step 2)?
 
 # %%
 dcp_to_torch_save(ck / "step1", ck / "step1.pt")
 flat = torch.load(ck / "step1.pt")
 print(f"keys {sorted(flat)}; model keys {sorted(flat['model'])}")
-print(f"model.0.weight {list(flat['model']['0.weight'].shape)}, equal to what 1 process loaded: {same(flat['model']['0.weight'], before['0.weight'])}")
+equal = same(flat["model"]["0.weight"], before["0.weight"])
+print(f"model.0.weight {list(flat['model']['0.weight'].shape)}, equal to what 1 process "
+      f"loaded: {equal}")
 print(f"file size {(ck / 'step1.pt').stat().st_size} bytes")
 
 # %% [markdown]
@@ -516,40 +568,6 @@ print(f"file size {(ck / 'step1.pt').stat().st_size} bytes")
 # The same nested dict as the one saved (model, optimizer, scheduler, step) with full
 # tensors; `torch_save_to_dcp` goes the other way. Use it to hand a model to someone who
 # does not run DCP, or to inspect a checkpoint in a notebook.
-#
-# The way back, 1 → 2, needs a checkpoint written by *one* process and loaded by 2 ranks.
-# This notebook is that one process, but it runs after the launch, and a second launch
-# only to load would cost about 5 s twice (script and notebook). So the worker's rank 0
-# plays the single process, inside the same launch: it converts `step1` with
-# `dcp_to_torch_save` and writes the result back with `torch_save_to_dcp`, which saves
-# with `no_dist=True`, no process group involved, into `step1_full`. A barrier keeps rank 1
-# from reading before the folder is complete; then both ranks build fresh sharded models
-# (other weights again), load `step1_full` and take step 2.
-#
-# **Predict.** How many chunks does `step1_full`'s metadata list for the (16, 8) weight?
-# Is the 2 ranks' step 2 from it still bitwise equal to the uninterrupted one?
-
-# %%
-show(run, "one to two")
-single = dcp.FileSystemReader(ck / "step1_full").read_metadata()
-for chunk in single.state_dict_metadata["model.0.weight"].chunks:
-    print(f"step1_full: model.0.weight chunk at offset {list(chunk.offsets)} size {list(chunk.sizes)}")
-
-# %% [markdown]
-# Output:
-# ```text
-# rank 0: wrote step1_full by itself: ['.metadata', '__0_0.distcp']
-# rank 0: loaded local weight shard (8, 8) from the full (16, 8)
-# rank 0: restored step 1; step 2 loss «number», equal True
-# rank 0: parameters after step 2 bitwise equal to the uninterrupted run: True
-# rank 1: loaded local weight shard (8, 8) from the full (16, 8)
-# step1_full: model.0.weight chunk at offset [0, 0] size [16, 8]
-# ```
-#
-# One process wrote one file and one chunk: the whole (16, 8) weight at offset [0, 0].
-# Each rank's loader asked for *its* rows (rank 0 rows 0-7, rank 1 rows 8-15) and DCP read
-# that part of the one stored chunk, the mirror image of the 2 → 1 load above. Step 2 from
-# it is again bitwise equal to the run that never stopped: 2 → 1 → 2 loses nothing.
 
 # %% [markdown]
 # ## 4. Saving while the next step runs: `dcp.async_save`
@@ -560,8 +578,7 @@ for chunk in single.state_dict_metadata["model.0.weight"].chunks:
 # rules: wait on the future (`future.result()`) before the next save, and give it its own
 # process group. The writing thread runs collectives (gathering the write results to the
 # coordinator) while the training step runs its own; on one shared gloo group the two
-# interleave and break the collective-order contract of lesson 09 (measured on this
-# machine: deadlock or abort in 3 of 3 runs). The worker makes one with
+# interleave and break the collective-order contract of lesson 09. The worker makes one with
 # `dist.new_group(backend="gloo")`, which also serves a job whose training group is NCCL.
 #
 # Timings alone cannot prove that the write overlaps the step: on a busy machine the
@@ -582,7 +599,8 @@ show(run, "async")
 net2, opt2, _ = mlp(seed=7)
 msd2, osd2 = get_state_dict(net2, opt2)
 dcp.load({"model": msd2}, checkpoint_id=ck / "step2", no_dist=True)
-print(f"step2 checkpoint holds the step-2 parameters: {all(same(msd2[n], ref['params'][n]) for n in msd2)}")
+equal = all(same(msd2[n], ref["params"][n]) for n in msd2)
+print(f"step2 checkpoint holds the step-2 parameters: {equal}")
 
 # %% [markdown]
 # Output:
@@ -610,47 +628,78 @@ print(f"step2 checkpoint holds the step-2 parameters: {all(same(msd2[n], ref['pa
 # models.
 
 # %% [markdown]
-# ## 5. The restart drill: kill a rank, let torchrun restart the job
+# ## 5. Back to 2 ranks, then the restart drill: kill a rank, let torchrun restart the job
 #
-# A real failure. `worker.py drill` trains 12 steps on 2 ranks and saves a checkpoint after
-# every 3rd step into `step_3`, `step_6`, ... On the first attempt, rank 1 kills itself
-# with SIGKILL *in the middle of checkpoint 9*: its storage writer (a `FileSystemWriter`
-# subclass) writes rank 1's shard file, then the process dies before reporting to the
-# coordinator. A marker file in the checkpoint folder makes this happen only once.
+# The second launch first closes the chain of section 3: fresh sharded models (other weights
+# again) on 2 ranks load `step2_one`, the checkpoint this notebook's single process saved
+# after training step 2, take step 3, and compare with the ranks' uninterrupted step 3
+# (written by the first launch).
 #
-# torchrun runs with `--max-restarts=1`: when a rank fails, it stops the others and starts
-# all ranks again (a new attempt, `TORCHELASTIC_RESTART_COUNT=1`, new processes, logs under
-# `attempt_1/`). On start, every attempt looks for the latest *complete* checkpoint.
+# Then a real failure. `worker.py drill` trains 12 steps of an MLP *with dropout* (each rank
+# draws its own masks from its own RNG) on a *shuffled* data set (48 rows, 6 batches of 8 an
+# epoch, a new order each epoch) and saves after every 3rd step into `step_3`, `step_6`, ...
+# The checkpoint is section 2's whole state, on 2 ranks: model, Adam, scheduler, the data
+# cursor (epoch, batches used, the shuffle generator's state at the epoch's start), every
+# rank's RNG state as one row of a `(world, 5056)` tensor, and what the run was made with
+# (config, code revision, world size).
 #
-# Which checkpoint is complete? DCP's own completion metadata answers it: the coordinator
-# writes `.metadata` last, only after every rank's write succeeded, and writes it to
-# `.metadata.tmp` first, then renames it (a rename is atomic on one file system): a folder
-# with `.metadata` is whole, a folder without it is not. The lesson relies on that instead
-# of its own temporary-name-then-rename scheme.
+# The *parent*, this notebook, kills a rank from outside. It passes the worker a step
+# (`--hold 9`); on the first attempt, every rank stops there (for a checkpoint step, inside
+# the write, just after its own shard file is on disk), writes its pid and waits. A thread of
+# the parent (`Killer`, in `worker.py`) waits for rank 1's pid and sends it SIGKILL. (The
+# ranks wait so that the kill lands at the same point on every run; the test kills other
+# ranks at other steps.) torchrun runs with `--max-restarts=1`: when a rank fails, it stops
+# the others and starts all ranks again, new processes with `TORCHELASTIC_RESTART_COUNT=1`.
+# The kit sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` for this: without it the restarted
+# ranks' gloo rendezvous read the first attempt's stale addresses (PyTorch issue #135712).
 #
-# `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` is in the launcher's environment for this: without
-# it, the restarted ranks' gloo rendezvous read the first attempt's stale addresses and
-# failed ("Connection refused") or hung in 7 of 8 runs on this machine (PyTorch issue
-# #135712); with it, 13 of 13 passed.
+# Which checkpoint is complete? DCP's coordinator writes `.metadata` last, only after every
+# rank's write succeeded, to `.metadata.tmp` first, then renames it (a rename is atomic on
+# one file system): a folder with `.metadata` is whole, a folder without it is not.
 #
-# **Predict.** Which checkpoint does the second attempt load? Which steps are computed
-# twice (the *replay window*)? Are the final parameters bitwise equal to those of a run
-# that was never killed?
+# **Predict.** Is the 2 ranks' step 3 from a 1-process checkpoint bitwise equal to the run
+# that never stopped? Which checkpoint does the drill's second attempt load, and which steps
+# does it compute twice (the *replay window*)?
 
 # %%
 drill_dir = TMP / "drill"
 drill_dir.mkdir()
-drill = launch(WORKER, ["drill", str(drill_dir)], restarts=1)
+killer = Killer(drill_dir, rank=1)  # the parent's thread: SIGKILL rank 1 once the ranks hold
+killer.start()
+drill = launch(WORKER, ["drill", str(drill_dir), "--one", str(ck), "--hold", "9"], restarts=1)
+killer.join()
 print(f"torchrun exit code {drill.code} after {drill.seconds:.1f} s; attempts {drill.attempts}")
-show(drill, "attempt", 0)
-show(drill, "train", 0)
+show(drill, "one to two", 0)
 
 # %% [markdown]
 # Output:
 # ```text
 # torchrun exit code 0 after «time» s; attempts [0, 1]
-# rank 0: TORCHELASTIC_RESTART_COUNT=0 pid «pid»
-# rank 1: TORCHELASTIC_RESTART_COUNT=0 pid «pid»
+# rank 0: loaded local weight shard (8, 8) from the full (16, 8)
+# rank 0: restored step 2; step 3 loss «number», equal True
+# rank 0: parameters after step 3 bitwise equal to the uninterrupted run: True
+# rank 1: loaded local weight shard (8, 8) from the full (16, 8)
+# ```
+#
+# 2 → 1 → 2 loses nothing: 2 ranks saved step 1, one process loaded it, trained step 2 and
+# saved, and 2 new ranks loaded that and took step 3 bitwise equal to the 2 ranks that never
+# stopped. Then the drill ran, twice.
+#
+# **Predict.** What did attempt 0 print before the kill?
+
+# %%
+show(drill, "attempt", 0)
+show(drill, "train", 0)
+pid1 = int(re.search(r"pid (\d+)", section(drill, "attempt", 0)[1][0])[1])
+print(f"the parent's SIGKILL went to rank 1 of attempt 0: {killer.pid == pid1}")
+died = "failed (exitcode: -9) local_rank: 1" in drill.agent  # torchrun's own log line
+print(f"torchrun saw rank 1 exit with -9 (SIGKILL): {died}")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: attempt 0: RANK=0 of WORLD_SIZE=2, pid «pid»
+# rank 1: attempt 0: RANK=1 of WORLD_SIZE=2, pid «pid»
 # rank 0: step 1 loss «number» lr 0.0500
 # rank 0: step 2 loss «number» lr 0.0500
 # rank 0: step 3 loss «number» lr 0.0500
@@ -662,15 +711,16 @@ show(drill, "train", 0)
 # rank 0: step 7 loss «number» lr 0.0250
 # rank 0: step 8 loss «number» lr 0.0250
 # rank 0: step 9 loss «number» lr 0.0125
-# rank 1: killing myself (SIGKILL) after writing my shard of checkpoint 9
+# rank 0: holding in checkpoint 9, my shard written
+# rank 1: holding in checkpoint 9, my shard written
+# the parent's SIGKILL went to rank 1 of attempt 0: True
+# torchrun saw rank 1 exit with -9 (SIGKILL): True
 # ```
 #
-# Attempt 0 (`TORCHELASTIC_RESTART_COUNT=0`) trained steps 1-9 and saved `step_3` and
-# `step_6`; in checkpoint 9 rank 1 wrote its shard and died by SIGKILL (the pids are the
-# processes', different on every run). Rank 0 was then waiting for rank 1 inside `dcp.save`;
-# it either raised "Connection closed by peer" or was stopped by torchrun first, whichever
-# came first (its stderr holds the traceback when it raised). torchrun saw a failed rank,
-# stopped the group and, with one restart allowed, started a new one.
+# Attempt 0 trained steps 1-9 and saved `step_3` and `step_6`; in checkpoint 9 both ranks
+# wrote their shards and held, and the parent killed rank 1 (the pids are the processes',
+# different on every run). torchrun saw a rank die by signal 9, stopped rank 0 (SIGTERM) and,
+# with one restart allowed, started a new group.
 #
 # **Predict.** What does attempt 1 find on disk, and where does it start?
 
@@ -682,12 +732,13 @@ show(drill, "reference", 1)
 # %% [markdown]
 # Output:
 # ```text
-# rank 0: TORCHELASTIC_RESTART_COUNT=1 pid «pid»
-# rank 0: found step_3: rank 1's shard True, .metadata True -> complete
-# rank 0: found step_6: rank 1's shard True, .metadata True -> complete
-# rank 0: found step_9: rank 1's shard True, .metadata False -> INCOMPLETE, skipped
-# rank 0: resumed from step_6; the kill came after step 9: replay window steps 7-9
-# rank 1: TORCHELASTIC_RESTART_COUNT=1 pid «pid»
+# rank 0: attempt 1: RANK=0 of WORLD_SIZE=2, pid «pid»
+# rank 0: found step_3: 2 shard files, .metadata True -> complete
+# rank 0: found step_6: 2 shard files, .metadata True -> complete
+# rank 0: found step_9: 2 shard files, .metadata False -> INCOMPLETE, skipped
+# rank 0: checkpoint matches this run's config True, code revision True, world size True
+# rank 0: resumed from step_6: epoch 0, 6 batches of it used
+# rank 1: attempt 1: RANK=1 of WORLD_SIZE=2, pid «pid»
 # rank 0: step 7 loss «number» lr 0.0250
 # rank 0: step 8 loss «number» lr 0.0250
 # rank 0: step 9 loss «number» lr 0.0125
@@ -697,70 +748,78 @@ show(drill, "reference", 1)
 # rank 0: step 12 loss «number» lr 0.0125
 # rank 0: saved step_12
 # rank 0: uninterrupted losses: «number» «number» «number» «number» «number» «number» «number» «number» «number» «number» «number» «number»
-# rank 0: resumed losses equal the uninterrupted ones: True
-# rank 0: final parameters bitwise equal to the uninterrupted run: True
+# rank 0: resumed losses bitwise equal: True
+# rank 0: final parameters bitwise equal: True
 # ```
 #
 # Attempt 1 runs in *new* processes (other pids, `TORCHELASTIC_RESTART_COUNT=1`). It found
-# `step_9` with rank 1's shard but without `.metadata`, skipped it, loaded `step_6` into
-# freshly built and sharded models, and replayed steps 7-9: the replay window, read from
-# the marker the dying rank left. Its losses for the replayed steps are those of attempt 0,
-# digit for digit, and so are the later ones: after step 12, every resumed loss equals the
-# uninterrupted run's, and the final parameters are bitwise equal. The uninterrupted run is
-# computed by the same ranks at the end of attempt 1, from a fresh model, with the same
-# code minus the checkpoints: a third 2-rank launch would cost about 10 s more for the same
-# numbers (rank 0 of attempt 0 printed the same losses for steps 1-9, above).
+# `step_9` with both shard files but without `.metadata`, skipped it, loaded `step_6` into
+# freshly built and sharded models, and replayed steps 7-9. Step 7 starts epoch 1: its
+# order came from the shuffle generator restored at epoch 0's start and advanced past epoch
+# 0's draw, as in the run that never stopped. Every resumed loss equals the uninterrupted
+# run's and the final parameters are bitwise equal, dropout masks included. The
+# uninterrupted run is computed by the same ranks at the end of attempt 1, from a fresh model,
+# with the same code minus the checkpoints (a third launch would cost several seconds more
+# for the same numbers).
 #
 # Taking the newest folder, `step_9`, would have been wrong: it holds shard files but no
-# index of them, and rank 0's shard may be missing or cut short. The danger is greatest
-# with formats that have no completion marker, where a half-written file looks like a
-# whole one. The rule: only a checkpoint that is *known* complete exists. (The new
+# index of them. The rule: only a checkpoint that is *known* complete exists. (The new
 # `step_9` written by attempt 1 overwrote the stale shard files before its own `.metadata`
 # appeared.)
+#
+# **Identity comes from the environment, at every start.** A restarted rank is a new
+# process, and an elastic job may come back with other ranks or another world size. The
+# worker reads `RANK` and `WORLD_SIZE` (through `dist.get_rank()`) each time, never opens a
+# file named after a rank, and picks its RNG row by its rank *now*. The checkpoint records
+# the config, a hash of `worker.py` (the code revision) and the world size, and a resume
+# refuses a checkpoint that does not match. When a run uses a `GradScaler` (fp16, lesson
+# 05), its `state_dict()` belongs in the checkpoint too.
+#
+# **Predict.** Read `step_6`'s record with one process. Would a run with another learning
+# rate, or on 4 ranks, accept it?
+
+# %%
+want = {"app": {"meta": {"config": "", "revision": "", "world": 0}}}
+dcp.load(want, checkpoint_id=drill_dir / "step_6", no_dist=True)  # only these keys are read
+rec = want["app"]["meta"]
+print(f"step_6 was made with world size {rec['world']}, config {rec['config']}")
+print(f"same code: {rec['revision'] == REVISION}")
+print(f"this config: {compatible(rec, CONFIG, 2)}")
+print(f"lr 0.1:      {compatible(rec, CONFIG | {'lr': 0.1}, 2)}")
+print(f"4 ranks:     {compatible(rec, CONFIG, 4)}")
+drill_meta = dcp.FileSystemReader(drill_dir / "step_6").read_metadata().state_dict_metadata
+scaler = torch.amp.GradScaler("cpu")
+print(f"a GradScaler's state: {scaler.state_dict()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# step_6 was made with world size 2, config {"batch": 8, "data_seed": 42, "dropout": 0.25, "every": 3, "lr": 0.05, "lr_halves_every": 4, "rows": 48, "shuffle_seed": 7, "sizes": [8, 16, 4]}
+# same code: True
+# this config: {'config': True, 'code revision': True, 'world size': True}
+# lr 0.1:      {'config': False, 'code revision': True, 'world size': True}
+# 4 ranks:     {'config': True, 'code revision': True, 'world size': False}
+# a GradScaler's state: {'scale': 65536.0, 'growth_factor': 2.0, 'backoff_factor': 0.5, 'growth_interval': 2000, '_growth_tracker': 0}
+# ```
+#
+# A resume that accepted another learning rate, or other code, would go on silently with
+# a run that is not the one it claims to continue; the world size matters here because the
+# RNG rows and the data split are per rank. A scaler's `scale` and `_growth_tracker` change
+# as training runs; a fresh one starts again at 65536 (printed above), whatever scale the
+# run had reached.
 #
 # The figure below puts the two attempts' losses on the uninterrupted run's curve.
 
 # %%
-LOSS = re.compile(r"rank 0: step (\d+) loss (\S+) lr \S+")
-
-
-def losses(run, attempt):
-    """{step: loss} that rank 0 printed in one attempt's training section."""
-    found = {}
-    for line in section(run, "train", attempt).get(0, []):
-        if m := LOSS.fullmatch(line):
-            found[int(m[1])] = float(m[2])
-    return found
-
-
-def reference_losses(run):
-    (line,) = [x for x in section(run, "reference", 1)[0] if x.startswith("rank 0: uninterrupted losses: ")]
-    return {s + 1: float(v) for s, v in enumerate(line.rsplit(": ", 1)[1].split())}
-
-
-def plot_drill(ref, first, second, checkpoint, killed):
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    ax.plot(list(ref), list(ref.values()), color="0.75", linewidth=6, label="uninterrupted")
-    ax.plot(list(first), list(first.values()), "o-", color="tab:blue", label="attempt 0 (killed)")
-    ax.plot(list(second), list(second.values()), "x--", color="tab:orange", markersize=9, label="attempt 1 (resumed)")
-    ax.axvline(checkpoint, color="tab:green", linestyle=":", label=f"checkpoint loaded (step {checkpoint})")
-    ax.axvline(killed, color="tab:red", linestyle="-.", label=f"kill (while saving step {killed})")
-    ax.set(xlabel="step", ylabel="loss (mean of 2 ranks)",
-           title="Restart drill: the resumed run retraces the uninterrupted one")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-fig = plot_drill(reference_losses(drill), losses(drill, 0), losses(drill, 1), checkpoint=6, killed=9)
+fig = plot_drill(drill, checkpoint=6, killed=9)
 fig.savefig(HERE / "restart_drill.png")
 
 # %% [markdown]
 # The grey band is the run that was never interrupted, the blue dots attempt 0 up to the
 # kill, the orange crosses attempt 1 from the checkpoint at step 6 on: steps 7-9 were
-# computed twice (the replay window) with the same losses, and the curves coincide to the
-# last bit. The replay window is the price of a checkpoint interval: saving every N steps
-# loses up to N steps of work per failure (here 3, plus the unfinished checkpoint).
+# computed twice (the replay window) with the same losses. The replay window is the price
+# of a checkpoint interval: saving every N steps loses up to N steps of work per failure
+# (here 3, plus the unfinished checkpoint).
 
 # %% [markdown]
 # ## 6. `torch.save` is a pickle
@@ -784,12 +843,14 @@ class Payload:
 
 
 torch.save({"weight": torch.ones(2), "extra": Payload()}, TMP / "evil.pt")
-print(f"globals the file needs: {sorted(torch.serialization.get_unsafe_globals_in_checkpoint(TMP / 'evil.pt'))}")
+needs = torch.serialization.get_unsafe_globals_in_checkpoint(TMP / "evil.pt")
+print(f"globals the file needs: {sorted(needs)}")
 try:
     torch.load(TMP / "evil.pt", weights_only=True)
     refusal = None
 except Exception as err:  # noqa: BLE001 - we print which error it is
-    refusal = [line.strip() for line in str(err).splitlines() if "WeightsUnpickler" in line][0].split(" Please")[0]
+    lines = [line.strip() for line in str(err).splitlines() if "WeightsUnpickler" in line]
+    refusal = lines[0].split(" Please")[0]
     print(f"weights_only=True: {type(err).__name__}")
     print(refusal)
 created = {"weights_only=True": marker.exists()}
@@ -859,7 +920,8 @@ print(f"marker created: {dcp_ran}")
 # **Predict.** safetensors stores tensors with no pickle at all. What is in the file?
 
 # %%
-tensors = {"weight": torch.arange(6, dtype=torch.float32).reshape(2, 3), "bias": torch.tensor([0.5, -1.0])}
+tensors = {"weight": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+           "bias": torch.tensor([0.5, -1.0])}
 save_file(tensors, TMP / "tiny.safetensors")
 raw = (TMP / "tiny.safetensors").read_bytes()
 (n,) = struct.unpack("<Q", raw[:8])  # the header's length: 8 bytes, little-endian
@@ -868,9 +930,13 @@ print(f"file {len(raw)} bytes = 8 + header {n} + data {len(raw) - 8 - n}")
 for name, info in header.items():
     print(f"{name}: {info}")
 start, end = header["weight"]["data_offsets"]
-print(f"weight bytes {raw[8 + n + start:8 + n + end].hex(' ', 4)}")
-print(f"equal to the tensor's own bytes: {raw[8 + n + start:8 + n + end] == tensors['weight'].numpy().tobytes()}")
-print(f"load_file gives back the tensors: {all(same(v, tensors[k]) for k, v in load_file(TMP / 'tiny.safetensors').items())}")
+body = raw[8 + n + start:8 + n + end]
+print(f"weight bytes {body.hex(' ', 4)}")
+print(f"equal to the tensor's own bytes: {body == tensors['weight'].numpy().tobytes()}")
+back = load_file(TMP / "tiny.safetensors")
+print(f"load_file gives back the tensors: {all(same(v, tensors[k]) for k, v in back.items())}")
+with safe_open(TMP / "tiny.safetensors", framework="pt") as f:  # reads the header only
+    print(f"safe_open: keys {sorted(f.keys())}, bias alone {f.get_tensor('bias').tolist()}")
 
 # %% [markdown]
 # Output:
@@ -881,14 +947,15 @@ print(f"load_file gives back the tensors: {all(same(v, tensors[k]) for k, v in l
 # weight bytes 00000000 0000803f 00000040 00004040 00008040 0000a040
 # equal to the tensor's own bytes: True
 # load_file gives back the tensors: True
+# safe_open: keys ['bias', 'weight'], bias alone [0.5, -1.0]
 # ```
 #
 # A safetensors file is 8 bytes of header length (little-endian), a JSON header with each
 # tensor's dtype, shape and byte range, then the raw bytes: `weight` is the six float32
 # numbers 0 to 5, little-endian (`0000803f` is 1.0), exactly `tensor.numpy().tobytes()`.
 # Loading it parses JSON and copies bytes; no code from the file runs, and a loader can
-# memory-map it and read one tensor without the others. It holds tensors only: optimizer
-# hyperparameters, a scheduler or a cursor need another file (or the JSON `__metadata__`
+# memory-map it and read one tensor without the others (`safe_open`). It holds tensors
+# only: optimizer hyperparameters, a scheduler or a cursor need another file (or the JSON `__metadata__`
 # field, strings only), which is why training checkpoints use DCP and releases of weights
 # use safetensors.
 
@@ -905,19 +972,21 @@ print(f"load_file gives back the tensors: {all(same(v, tensors[k]) for k, v in l
 #   the RNG state dropout diverged at once; with all of them (a Stateful object DCP calls)
 #   the resume was exact.
 # - DCP writes one file per rank and records each shard's offset in the global tensor: a
-#   2-rank FSDP2 checkpoint loaded into 1 process (`no_dist=True`) and into 2 new ranks,
-#   and both took the next step bitwise equal (given the same `(g0 + g1) / 2` average).
-#   `dcp_to_torch_save` turns it into one file of full tensors, `torch_save_to_dcp` back
-#   into a 1-process checkpoint (one chunk per tensor), which 2 sharded ranks loaded and
-#   again took step 2 bitwise equal: 2 → 1 → 2.
+#   2-rank FSDP2 checkpoint loaded into 1 process (`no_dist=True`), which took step 2
+#   bitwise equal to the ranks (given the same `(g0 + g1) / 2` average) and saved; 2 new
+#   ranks loaded that and took step 3 bitwise equal to the ranks that never stopped:
+#   2 → 1 → 2. `dcp_to_torch_save` turns a checkpoint into one file of full tensors.
 # - `dcp.async_save` stages a copy and writes in the background while training goes on:
 #   with the writer held at a gate, step 3 finished while the future was not done, and the
 #   checkpoint still held step 2's parameters. Give it its own gloo group and wait on its
 #   future before the next save.
-# - The restart drill: `torchrun --max-restarts=1` (with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`
-#   on this PyTorch) restarted the job after rank 1 died in checkpoint 9; attempt 1 skipped
-#   the folder without `.metadata`, loaded `step_6`, replayed steps 7-9 and ended bitwise
-#   equal to an uninterrupted run.
+# - The restart drill: the parent SIGKILLed rank 1 while checkpoint 9 was being written;
+#   `torchrun --max-restarts=1` (with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`) restarted the
+#   job; attempt 1 skipped the folder without `.metadata`, loaded `step_6` (model, Adam,
+#   scheduler, every rank's RNG state, the shuffled loader's cursor), checked its config,
+#   code revision and world size, replayed steps 7-9 and ended bitwise equal to an
+#   uninterrupted run, dropout included. Identity (rank, world size) comes from the
+#   environment at every start.
 # - `torch.save` files are pickles that can run code when loaded; `weights_only=True` (the
 #   default since 2.6) refuses them. DCP reads `.metadata` with plain `pickle.load`: a
 #   checkpoint folder can run code too. safetensors stores a JSON header and raw bytes.
@@ -938,16 +1007,17 @@ print(f"load_file gives back the tensors: {all(same(v, tensors[k]) for k, v in l
 #
 # These change the worker and run it with torchrun (the lesson's output is your reference):
 #
-# A. In the drill, let rank 1 die at step 8 instead (between checkpoints). Predict the
-#    replay window, then check it.
-# B. Remove the marker-file test, so that rank 1 dies on every attempt. What does torchrun
-#    do after `--max-restarts=1` is used up, and with what exit code?
+# A. Run the drill with `--hold 8` and kill rank 0 (between checkpoints; rank 0 hosts the
+#    rendezvous store and coordinates DCP). Predict the replay window, then check it.
+# B. Let attempt 1 hold too (drop the `attempt == 0` test) and kill a rank in both
+#    attempts. What does torchrun do after `--max-restarts=1` is used up, and with what
+#    exit code?
 # C. Save the drill's checkpoints with `dcp.async_save` (its own gloo group, one future
 #    waited before the next save). Is the final result still bitwise equal? What must the
 #    restart logic check when a kill comes during a background write?
-# D. Save each rank's `torch.get_rng_state()` under one key `"rng"` in a 2-rank
-#    checkpoint where the two ranks' states differ, load it back, and compare: what did
-#    rank 1 get? Fix it with a per-rank key.
+# D. In `Job.state_dict`, save this rank's `torch.get_rng_state()` under the key `"rng"`
+#    instead of the gathered `(world, 5056)` tensor. Load it back on 2 ranks and compare:
+#    what did rank 1 get, and does the drill still end bitwise equal?
 
 # %%
 shutil.rmtree(TMP, ignore_errors=True)  # every checkpoint, log and file of the lesson

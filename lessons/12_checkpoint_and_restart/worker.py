@@ -1,31 +1,37 @@
 """The worker of lesson 12: FSDP2 checkpoints with torch.distributed.checkpoint (DCP) on 2 ranks.
 
-    torchrun --standalone --nproc-per-node=2 lessons/12_checkpoint_and_restart/worker.py reshard DIR
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 --max-restarts=1 \\
-        lessons/12_checkpoint_and_restart/worker.py drill DIR
+    torchrun --standalone --nproc-per-node=2 lessons/12_checkpoint_and_restart/worker.py \\
+        reshard DIR
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 \\
+        --max-restarts=1 lessons/12_checkpoint_and_restart/worker.py drill DIR --hold 9
     ... add --backend nccl on a machine with 2 CUDA devices
 
 - `reshard`: one training step of a small FSDP2 model, saved with DCP into DIR/step1 (each
-  rank writes its own shards); the uninterrupted second step is recorded in DIR/reference.pt;
-  a fresh sharded model loads DIR/step1 back into 2 ranks and must take the same second step
-  bit for bit; rank 0 converts DIR/step1 into a 1-process checkpoint DIR/step1_full
-  (dcp_to_torch_save, then torch_save_to_dcp) and fresh sharded models load it on 2 ranks
-  (1 -> 2) and take the same second step; then dcp.async_save stages the step-2 state into
+  rank writes its own shards); the uninterrupted steps 2 and 3 are recorded in
+  DIR/reference.pt and DIR/ref3.pt; a fresh sharded model loads DIR/step1 back into 2 ranks
+  and must take the same step 2 bit for bit; then dcp.async_save stages the step-2 state into
   DIR/step2 and its background thread writes it only after step 3 ran (a gate in the writer).
-- `drill`: 12 steps, a checkpoint after every 3rd. On the first attempt rank 1 kills itself
-  (SIGKILL) in the middle of writing checkpoint 9, once (DIR/killed marks that it happened).
-  torchrun (--max-restarts=1) starts both ranks again; they load the latest *complete*
-  checkpoint (one with DCP's .metadata file), replay steps 7-9, finish, and compare their final
-  parameters with an uninterrupted 12-step run computed at the end of the same attempt.
+- `drill DIR [--one RESHARD_DIR] [--hold K]`: with --one (first attempt only), fresh sharded
+  models load RESHARD_DIR/step2_one, a checkpoint that ONE process saved after training step
+  2, take step 3 and compare it with the ranks' uninterrupted step 3 (2 -> 1 -> 2). Then 12
+  steps of a model with dropout on a shuffled data order, a checkpoint after every 3rd. On the
+  first attempt every rank holds after step K (inside checkpoint K's write when K is a
+  checkpoint step) until the parent SIGKILLs one of them from outside (`Killer`); torchrun
+  (--max-restarts=1) starts both ranks again; they load the latest *complete* checkpoint
+  (with DCP's .metadata), check its config and code revision, replay, finish, and compare
+  with an uninterrupted 12-step run computed at the end of the same attempt.
 
-Output, process group and teardown come from the course's kit, lessons/multirank.py (lesson
-09): `say` prints one line prefixed `rank N:`, `shared` a fact both ranks share (rank 0
-only), `heading` starts a `== name ==` section; `serve` runs the part between `setup` and
-`teardown`.
+Rank identity comes from the environment at every start (torchrun's RANK, dist.get_rank());
+no file is named after a rank. Output, process group and teardown come from the course's kit,
+lessons/multirank.py (lesson 09): `say` prints `rank N: ...`, `shared` a fact both ranks
+share (rank 0 only), `heading` starts a `== name ==` section; `serve` runs the part.
 """
 
 import datetime
+import hashlib
+import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -35,29 +41,35 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lessons/: the course's kit
-from multirank import GROUP_TIMEOUT_S, heading, say, serve, shared  # noqa: E402
+from multirank import GROUP_TIMEOUT_S, heading, say, section, serve, shared  # noqa: E402
 
-STEPS, EVERY, KILL_AT = 12, 3, 9  # the drill: 12 steps, save after 3, 6, 9; die while saving 9
-BATCH = 8  # global batch: each rank takes 4 rows
+STEPS, EVERY = 12, 3  # the drill: 12 steps, a checkpoint after 3, 6, 9, 12
+BATCH, ROWS = 8, 48  # global batch (4 rows per rank); the drill's data set: 6 batches an epoch
 GATE_S = 30.0  # the longest async_save's writer waits for the main thread's step 3
+HOLD_S = 60.0  # the longest a rank holds for the parent's kill before it gives up
+CONFIG = {"sizes": [8, 16, 4], "dropout": 0.25, "lr": 0.05, "lr_halves_every": 4,
+          "batch": BATCH, "rows": ROWS, "every": EVERY, "data_seed": 42, "shuffle_seed": 7}
+REVISION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]  # this code's version
 
 
-def build(device, seed=0):
-    """The model, replicated on every rank from one seed; then sharded by FSDP2 (dim 0)."""
+def build(device, seed=0, dropout=None):
+    """The model, replicated on every rank from one seed; then sharded by FSDP2 (dim 0).
+    With `dropout` (the drill), a Dropout layer before the last Linear."""
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(device)
+    drop = [torch.nn.Dropout(dropout)] if dropout is not None else []
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), *drop,
+                                torch.nn.Linear(16, 4)).to(device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    for layer in (model[0], model[2]):
+    for layer in (model[0], model[-1]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    optim = torch.optim.Adam(model.parameters(), lr=0.05)
-    sched = torch.optim.lr_scheduler.StepLR(optim, step_size=4, gamma=0.5)  # LR halves every 4 steps
+    optim = torch.optim.Adam(model.parameters(), lr=CONFIG["lr"])
+    sched = torch.optim.lr_scheduler.StepLR(optim, step_size=4, gamma=0.5)  # halves every 4
     return model, optim, sched
 
 
@@ -65,14 +77,13 @@ def batch(step, device):
     """The global batch of a step, from the step number alone (the data cursor is the step);
     this rank's half of it."""
     gen = torch.Generator().manual_seed(1000 + step)
-    x, y = torch.randn(BATCH, 8, generator=gen), torch.randn(BATCH, 4, generator=gen)  # (8, 8), (8, 4)
+    x, y = torch.randn(BATCH, 8, generator=gen), torch.randn(BATCH, 4, generator=gen)  # (8, 8)
     rows = slice(dist.get_rank() * BATCH // 2, (dist.get_rank() + 1) * BATCH // 2)
     return x[rows].to(device), y[rows].to(device)  # (4, 8), (4, 4)
 
 
-def train_step(model, optim, sched, step, device):
-    """One step on this rank's half batch; returns the global mean loss (a float)."""
-    x, y = batch(step, device)
+def fit(model, optim, sched, x, y):
+    """One step on this rank's rows; returns the global mean loss (a float)."""
     optim.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x), y)
     loss.backward()  # FSDP2 reduce-scatters the gradients: each rank gets the mean of its shard
@@ -83,14 +94,18 @@ def train_step(model, optim, sched, step, device):
     return (total / dist.get_world_size()).item()
 
 
+def train_step(model, optim, sched, step, device):
+    return fit(model, optim, sched, *batch(step, device))
+
+
 def full_params(model):
     """{name: full tensor} gathered from the shards (a collective: every rank calls it)."""
     return {n: p.full_tensor().cpu() for n, p in model.named_parameters()}
 
 
 def state(model, optim, sched, step):
-    """What a checkpoint holds: model and optimizer (sharded DTensors), the scheduler and the
-    data cursor (plain values, the same on every rank)."""
+    """What a checkpoint of `reshard` holds: model and optimizer (sharded DTensors), the
+    scheduler and the data cursor (plain values, the same on every rank)."""
     msd, osd = get_state_dict(model, optim)
     return {"model": msd, "optim": osd, "sched": sched.state_dict(), "step": step}
 
@@ -118,7 +133,8 @@ def save_and_reference(root, device):
     loss1 = train_step(model, optim, sched, 1, device)
     dcp.save(state(model, optim, sched, 1), checkpoint_id=root / "step1")
     shared(f"step 1 loss {loss1:.6f}; saved {root.name}/step1")
-    say(f"local weight shard {tuple(model[0].weight.to_local().shape)} of global {tuple(model[0].weight.shape)}")
+    shape = tuple(model[0].weight.to_local().shape)
+    say(f"local weight shard {shape} of global {tuple(model[0].weight.shape)}")
     loss2 = train_step(model, optim, sched, 2, device)
     params = full_params(model)
     if dist.get_rank() == 0:  # for the narrative's 1-process check of step 2
@@ -133,23 +149,8 @@ def reload_two_ranks(root, device, loss2, params):
     step = restore(model, optim, sched, root / "step1")
     loss = train_step(model, optim, sched, step + 1, device)
     shared(f"restored step {step}; step 2 loss {loss:.6f}, equal {loss == loss2}")
-    shared(f"parameters after step 2 bitwise equal to the uninterrupted run: {bitwise(full_params(model), params)}")
-
-
-def one_to_two(root, device, loss2, params):
-    heading("one to two")
-    if dist.get_rank() == 0:  # one process turns the 2-rank checkpoint into a 1-process one
-        dcp_to_torch_save(root / "step1", root / "step1_full.pt")  # full tensors, one file
-        torch_save_to_dcp(root / "step1_full.pt", root / "step1_full")  # saved by 1 process, no_dist
-        files = sorted(p.name for p in (root / "step1_full").iterdir())
-        say(f"wrote step1_full by itself: {files}")
-    dist.barrier()  # nobody reads step1_full before it is complete
-    model, optim, sched = build(device, seed=321)
-    step = restore(model, optim, sched, root / "step1_full")  # 1 full chunk -> 2 shards
-    say(f"loaded local weight shard {tuple(model[0].weight.to_local().shape)} from the full (16, 8)")
-    loss = train_step(model, optim, sched, step + 1, device)
-    shared(f"restored step {step}; step 2 loss {loss:.6f}, equal {loss == loss2}")
-    shared(f"parameters after step 2 bitwise equal to the uninterrupted run: {bitwise(full_params(model), params)}")
+    equal = bitwise(full_params(model), params)
+    shared(f"parameters after step 2 bitwise equal to the uninterrupted run: {equal}")
 
 
 class GatedWriter(dcp.FileSystemWriter):
@@ -174,10 +175,16 @@ def async_checkpoint(root, device, trained):
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     writer = GatedWriter(root / "step2")
     start = time.perf_counter()
-    future = dcp.async_save(state(model, optim, sched, 2), storage_writer=writer, process_group=group)
-    shared(f"async_save returned after {(time.perf_counter() - start) * 1000:.1f} ms (state staged)")
+    sd = state(model, optim, sched, 2)
+    future = dcp.async_save(sd, storage_writer=writer, process_group=group)
+    ms = (time.perf_counter() - start) * 1000
+    shared(f"async_save returned after {ms:.1f} ms (state staged)")
     loss3 = train_step(model, optim, sched, 3, device)  # the background thread waits at the gate
-    say(f"step 3 done (loss {loss3:.6f}); checkpoint finished before the gate opened: {future.done()}")
+    say(f"step 3 done (loss {loss3:.6f}); checkpoint finished before the gate opened: "
+        f"{future.done()}")
+    params = full_params(model)  # the uninterrupted step 3, for the 2 -> 1 -> 2 chain
+    if dist.get_rank() == 0:
+        torch.save({"loss": loss3, "params": params}, root / "ref3.pt")
     writer.gate.set()  # only now may the shards be written
     future.result()  # wait before the next save (and before anyone reads step2)
     shared(f"future.result() returned after {(time.perf_counter() - start) * 1000:.1f} ms")
@@ -185,86 +192,244 @@ def async_checkpoint(root, device, trained):
     shared(f"step2 has .metadata: {(root / 'step2' / '.metadata').is_file()}")
 
 
-def reshard(device, root):
+def reshard(device, root, **_):  # (--one and --hold are the drill's)
     loss2, params, trained = save_and_reference(root, device)
     reload_two_ranks(root, device, loss2, params)
-    one_to_two(root, device, loss2, params)
     async_checkpoint(root, device, trained)
     return 0
 
 
 # ---------------------------------------------------------------------------------------
-# drill: die while saving, restart, resume from the latest complete checkpoint
+# drill, part 1: 2 -> 1 -> 2, the 2 ranks continue from what one process trained and saved
 
 
-class DyingWriter(dcp.FileSystemWriter):
-    """A FileSystemWriter that, on rank 1, kills its process right after writing its shard
-    file: the coordinator (rank 0) never gets rank 1's write results, so no .metadata."""
+def one_to_two(device, ck):
+    heading("one to two")
+    model, optim, sched = build(device, seed=321)  # other weights again
+    step = restore(model, optim, sched, ck / "step2_one")  # 1 full chunk -> 2 shards
+    shape = tuple(model[0].weight.to_local().shape)
+    say(f"loaded local weight shard {shape} from the full (16, 8)")
+    ref = torch.load(ck / "ref3.pt")  # the ranks' uninterrupted step 3 (written by `reshard`)
+    loss = train_step(model, optim, sched, step + 1, device)
+    shared(f"restored step {step}; step 3 loss {loss:.6f}, equal {loss == ref['loss']}")
+    equal = bitwise(full_params(model), ref["params"])
+    shared(f"parameters after step 3 bitwise equal to the uninterrupted run: {equal}")
+
+
+# ---------------------------------------------------------------------------------------
+# drill, part 2: dropout, a shuffled loader, a kill from outside, a restart
+
+
+class Job:
+    """One rank's whole training state: FSDP2 model with dropout, Adam, StepLR, this rank's
+    dropout RNG, and the shuffled data order with its cursor (as lesson section 2's Trainer)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.model, self.optim, self.sched = build(device, dropout=CONFIG["dropout"])
+        torch.manual_seed(100 + dist.get_rank())  # each rank draws its own dropout masks
+        data = torch.randn(ROWS, 12, generator=torch.Generator().manual_seed(42))  # (48, 12)
+        self.x, self.y = data[:, :8], data[:, 8:]  # (48, 8), (48, 4)
+        self.gen = torch.Generator().manual_seed(7)  # the loader's shuffle generator
+        self.step, self.epoch, self.used = 0, 0, 0
+        self.new_epoch(self.gen.get_state())
+
+    def new_epoch(self, gen_state):
+        self.gen.set_state(gen_state)
+        self.epoch_rng = gen_state  # the state that decides this epoch's order
+        self.order = torch.randperm(ROWS, generator=self.gen)  # (48,)
+
+    def train_step(self):
+        if self.used == ROWS // BATCH:  # epoch over: the next order comes from the generator
+            self.epoch, self.used = self.epoch + 1, 0
+            self.new_epoch(self.gen.get_state())
+        rows = self.order[self.used * BATCH:(self.used + 1) * BATCH]  # the global batch (8,)
+        mine = rows[dist.get_rank() * BATCH // 2:(dist.get_rank() + 1) * BATCH // 2]  # (4,)
+        self.used, self.step = self.used + 1, self.step + 1
+        return fit(self.model, self.optim, self.sched, self.x[mine], self.y[mine])
+
+    def state_dict(self):
+        msd, osd = get_state_dict(self.model, self.optim)
+        rngs = [torch.empty(5056, dtype=torch.uint8) for _ in range(dist.get_world_size())]
+        dist.all_gather(rngs, torch.get_rng_state())  # every rank's dropout RNG
+        cursor = {"step": self.step, "epoch": self.epoch, "used": self.used, "rng": self.epoch_rng}
+        meta = {"config": json.dumps(CONFIG, sort_keys=True), "revision": REVISION,
+                "world": dist.get_world_size()}
+        return {"model": msd, "optim": osd, "sched": self.sched.state_dict(),
+                "rng": torch.stack(rngs), "data": cursor, "meta": meta}  # rng (world, 5056)
+
+    def load_state_dict(self, sd):  # DCP calls it with the loaded state_dict()
+        check(sd["meta"])
+        set_state_dict(self.model, self.optim, model_state_dict=sd["model"],
+                       optim_state_dict=sd["optim"])
+        self.sched.load_state_dict(sd["sched"])
+        # my row, by my rank *now*; cloned: on 2.13.0 set_rng_state of a row view (storage
+        # offset > 0) crashed the process (SIGSEGV)
+        torch.set_rng_state(sd["rng"][dist.get_rank()].clone())
+        c = sd["data"]
+        self.step, self.epoch, self.used = c["step"], c["epoch"], c["used"]
+        self.new_epoch(c["rng"].clone())  # the same order again, the generator where it was
+
+
+def compatible(meta, config, world):
+    """Does a checkpoint's record match a run with this config, this code and world size?"""
+    return {"config": meta["config"] == json.dumps(config, sort_keys=True),
+            "code revision": meta["revision"] == REVISION, "world size": meta["world"] == world}
+
+
+def check(meta):
+    """Refuse a checkpoint made by another config, other code or another world size."""
+    ok = compatible(meta, CONFIG, dist.get_world_size())
+    shared(f"checkpoint matches this run's {', '.join(f'{k} {v}' for k, v in ok.items())}")
+    if not all(ok.values()):
+        raise RuntimeError(f"checkpoint made by another run: {ok}")
+
+
+def hold(root, where):
+    """Stop here until the parent kills a rank (the first attempt only): every rank writes
+    its pid, named by the pid, and waits; torchrun then stops the ranks the parent spared."""
+    say(f"holding {where}")
+    (root / "held").mkdir(exist_ok=True)
+    (root / "held" / str(os.getpid())).write_text(os.environ["RANK"])
+    time.sleep(HOLD_S)
+    raise TimeoutError(f"no kill came within {HOLD_S} s")
+
+
+class HoldingWriter(dcp.FileSystemWriter):
+    """A FileSystemWriter that holds right after this rank's shard file is on disk: the
+    coordinator (rank 0) has not collected the write results, so there is no .metadata."""
+
+    def __init__(self, path, root):
+        super().__init__(path)
+        self.root = root
 
     def write_data(self, plan, planner):
         future = super().write_data(plan, planner)
-        future.wait()  # this rank's __1_0.distcp is on disk now
-        say("killing myself (SIGKILL) after writing my shard of checkpoint 9")
-        os.kill(os.getpid(), signal.SIGKILL)
-        return future
+        future.wait()  # this rank's shard file is written
+        hold(self.root, f"in checkpoint {path_step(self.path)}, my shard written")
+
+
+def path_step(path):
+    return int(Path(path).name[5:])
 
 
 def complete(root):
     """Checkpoint steps whose folder has DCP's .metadata (written last, via a rename)."""
     steps = []
-    for d in sorted(root.glob("step_*"), key=lambda p: int(p.name[5:])):
+    for d in sorted(root.glob("step_*"), key=path_step):
         ok = (d / ".metadata").is_file()
-        shard = (d / "__1_0.distcp").is_file()
-        shared(f"found {d.name}: rank 1's shard {shard}, .metadata {ok} -> {'complete' if ok else 'INCOMPLETE, skipped'}")
-        steps += [int(d.name[5:])] if ok else []
+        shards = len(list(d.glob("*.distcp")))
+        verdict = "complete" if ok else "INCOMPLETE, skipped"
+        shared(f"found {d.name}: {shards} shard files, .metadata {ok} -> {verdict}")
+        steps += [path_step(d)] if ok else []
     return steps
 
 
-def save(root, trained, step, dying):
-    path = root / f"step_{step}"
-    writer = DyingWriter(path) if dying else dcp.FileSystemWriter(path)
-    dcp.save(state(*trained, step), storage_writer=writer)
-    shared(f"saved step_{step}")
+def run_steps(root, job, held, record):
+    while job.step < STEPS:
+        lr = job.optim.param_groups[0]["lr"]  # the LR this step uses (the scheduler steps after)
+        loss = job.train_step()
+        record[job.step] = loss
+        shared(f"step {job.step} loss {loss:.6f} lr {lr:.4f}")
+        if job.step % EVERY == 0:
+            path = root / f"step_{job.step}"
+            writer = HoldingWriter(path, root) if job.step == held else dcp.FileSystemWriter(path)
+            dcp.save({"app": job}, storage_writer=writer)  # calls job.state_dict()
+            shared(f"saved step_{job.step}")
+        elif job.step == held:
+            hold(root, f"after step {job.step}")
 
 
-def run_steps(root, device, trained, first, record):
-    for step in range(first, STEPS + 1):
-        lr = trained[1].param_groups[0]["lr"]  # the LR this step uses (the scheduler steps after)
-        loss = train_step(*trained, step, device)
-        record[step] = loss
-        shared(f"step {step} loss {loss:.6f} lr {lr:.4f}")
-        if step % EVERY == 0:
-            marker = root / "killed"
-            dying = step == KILL_AT and dist.get_rank() == 1 and not marker.exists()
-            if dying:
-                marker.write_text(f"{step}\n")  # before the kill: it happens once
-            save(root, trained, step, dying)
-
-
-def drill(device, root):
-    heading("attempt")
+def drill(device, root, one=None, hold_at=None):
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    say(f"TORCHELASTIC_RESTART_COUNT={attempt} pid {os.getpid()}")
-    trained = build(device)
+    if one is not None and attempt == 0:
+        one_to_two(device, one)
+    heading("attempt")
+    say(f"attempt {attempt}: RANK={os.environ['RANK']} of WORLD_SIZE="
+        f"{os.environ['WORLD_SIZE']}, pid {os.getpid()}")
+    job = Job(device)
     found = complete(root)
-    start = 0
     if found:
-        start = restore(*trained, root / f"step_{found[-1]}")
-        killed = int((root / "killed").read_text())  # the step the marker recorded
-        shared(f"resumed from step_{start}; the kill came after step {killed}: replay window steps {start + 1}-{killed}")
+        # DCP calls job.state_dict() for the layout, then job.load_state_dict(loaded)
+        dcp.load({"app": job}, checkpoint_id=root / f"step_{found[-1]}")
+        shared(f"resumed from step_{job.step}: epoch {job.epoch}, {job.used} batches of it used")
     heading("train")
     record = {}
-    run_steps(root, device, trained, start + 1, record)
+    run_steps(root, job, hold_at if attempt == 0 else None, record)
     heading("reference")
-    final = full_params(trained[0])
-    ref = build(device)
-    ref_losses = {s: train_step(*ref, s, device) for s in range(1, STEPS + 1)}  # never interrupted
-    shared(f"uninterrupted losses: {' '.join(f'{ref_losses[s]:.6f}' for s in range(1, STEPS + 1))}")
-    shared(f"resumed losses equal the uninterrupted ones: {all(record[s] == ref_losses[s] for s in record)}")
-    shared(f"final parameters bitwise equal to the uninterrupted run: {bitwise(final, full_params(ref[0]))}")
+    final = full_params(job.model)
+    ref = Job(device)
+    losses = {s: ref.train_step() for s in range(1, STEPS + 1)}  # never interrupted
+    shared(f"uninterrupted losses: {' '.join(f'{losses[s]:.6f}' for s in losses)}")
+    shared(f"resumed losses bitwise equal: {all(record[s] == losses[s] for s in record)}")
+    shared(f"final parameters bitwise equal: {bitwise(final, full_params(ref.model))}")
     return 0
 
 
+# ---------------------------------------------------------------------------------------
+# the parent's side of the drill
+
+
+class Killer(threading.Thread):
+    """In the parent, beside a launch: wait until the ranks hold, SIGKILL `rank` from outside.
+    Reads the pid files the holding ranks wrote (named by pid, holding their RANK)."""
+
+    def __init__(self, root, rank, timeout=90.0):
+        super().__init__(daemon=True)
+        self.root, self.rank, self.timeout, self.pid, self.error = root, rank, timeout, None, None
+
+    def run(self):
+        end = time.monotonic() + self.timeout
+        while self.pid is None and time.monotonic() < end:
+            for f in (self.root / "held").glob("*") if (self.root / "held").is_dir() else ():
+                if f.read_text() == str(self.rank):
+                    self.pid = int(f.name)
+            time.sleep(0.05)
+        if self.pid is None:
+            self.error = f"rank {self.rank} never held"
+            return
+        os.kill(self.pid, signal.SIGKILL)
+
+
+LOSS = re.compile(r"rank 0: step (\d+) loss (\S+) lr \S+")
+
+
+def losses(run, attempt):
+    """{step: loss} that rank 0 printed in one attempt's training section."""
+    lines = section(run, "train", attempt).get(0, [])
+    return {int(m[1]): float(m[2]) for line in lines if (m := LOSS.fullmatch(line))}
+
+
+def reference_losses(run):
+    head = "rank 0: uninterrupted losses: "
+    (line,) = [x for x in section(run, "reference", -1)[0] if x.startswith(head)]
+    return {s + 1: float(v) for s, v in enumerate(line[len(head):].split())}
+
+
+def plot_drill(run, checkpoint, killed):
+    """The drill's losses: the uninterrupted run, attempt 0 up to the kill, attempt 1."""
+    import matplotlib.pyplot as plt
+
+    ref, first, second = reference_losses(run), losses(run, 0), losses(run, 1)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.plot(list(ref), list(ref.values()), color="0.75", linewidth=6, label="uninterrupted")
+    ax.plot(list(first), list(first.values()), "o-", color="tab:blue", label="attempt 0 (killed)")
+    ax.plot(list(second), list(second.values()), "x--", color="tab:orange", markersize=9,
+            label="attempt 1 (resumed)")
+    ax.axvline(checkpoint, color="tab:green", linestyle=":",
+               label=f"checkpoint loaded (step {checkpoint})")
+    ax.axvline(killed, color="tab:red", linestyle="-.", label=f"kill (at step {killed})")
+    ax.set(xlabel="step", ylabel="loss (mean of 2 ranks)",
+           title="Restart drill: the resumed run retraces the uninterrupted one")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 if __name__ == "__main__":
-    serve({"reshard": reshard, "drill": drill},
-          lambda parser: parser.add_argument("root", type=Path, help="the folder for checkpoints (made by the caller)"))
+    def args(parser):
+        parser.add_argument("root", type=Path, help="the folder for checkpoints (caller made it)")
+        parser.add_argument("--one", type=Path, help="drill: first load RESHARD_DIR/step2_one")
+        parser.add_argument("--hold", dest="hold_at", type=int, help="drill: hold after this step")
+
+    serve({"reshard": reshard, "drill": drill}, args)
