@@ -26,16 +26,18 @@
 # repository root, or open `attention.ipynb`. Everything runs on the CPU. One cell compiles
 # FlexAttention with `torch.compile`: with an empty Inductor cache that takes most of the
 # lesson's run time (the cell prints how long), far less once the cache
-# (`TORCHINDUCTOR_CACHE_DIR`, set by the course tools) holds the generated code. On a CPU
-# without vector instructions, PyTorch cannot compile FlexAttention: that cell then prints
-# why and skips. Each printing cell is followed by an *Output* block: what it printed with
+# (`TORCHINDUCTOR_CACHE_DIR`, set by the course tools) holds the generated code. Where
+# PyTorch refuses to compile FlexAttention for the CPU (no AVX2, or macOS: Apple silicon,
+# Intel Macs, Arm Linux), that cell prints PyTorch's reason and skips. Each printing cell is followed by an *Output* block: what it printed with
 # the pinned PyTorch (2.13.0), checked by `make test`; parts that depend on the machine
 # appear there as `«time»` or `«number»`.
 
 # %%
+import contextlib
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -47,6 +49,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 from torch.nn.attention.flex_attention import and_masks, create_block_mask, create_mask, flex_attention
 from torch.profiler import profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # one thread: reproducible results, comparable timings
@@ -243,18 +246,24 @@ mha = identity_mha(2)
 for pad in ([True, False], [False, True]):
     out_mha, _ = mha(q2[0], k2[0], v2[0], key_padding_mask=torch.tensor([pad]), need_weights=False)
     print(f"MHA key_padding_mask {pad}: {rows(out_mha[0])}")
+pad = torch.tensor([[True, False]])  # (B, S): True = padding, MHA's convention
+as_sdpa = (~pad).view(1, 1, 1, 2)  # (B, 1, 1, S): True = keep, broadcast over heads and queries
+same = torch.allclose(F.scaled_dot_product_attention(q2, k2, v2, attn_mask=as_sdpa),
+                      mha(q2[0], k2[0], v2[0], key_padding_mask=pad, need_weights=False)[0].unsqueeze(1))
+print(f"SDPA with ~key_padding_mask as (B, 1, 1, S) equals MHA: {same}")
 
 # %% [markdown]
 # Output:
 # ```text
 # MHA key_padding_mask [True, False]: [[0.0, 10.0], [0.0, 10.0]]
 # MHA key_padding_mask [False, True]: [[10.0, 0.0], [10.0, 0.0]]
+# SDPA with ~key_padding_mask as (B, 1, 1, S) equals MHA: True
 # ```
 #
 # For `key_padding_mask` True means *padding, ignore it*: the same row that kept key 0 in
 # SDPA drops key 0 here. To keep key 0 you pass `[False, True]`. When you move code from
 # `MultiheadAttention` to SDPA, invert the padding mask (`~key_padding_mask`) and give it
-# SDPA's shape: (B, 1, 1, S), broadcast over heads and queries.
+# SDPA's shape: (B, 1, 1, S), broadcast over heads and queries (the last line checks it).
 
 # %% [markdown]
 # ## 4. `is_causal=True` is aligned to the upper left
@@ -320,17 +329,23 @@ for respect_eval in (False, True):
     a, b = model(q2, k2, v2), model(q2, k2, v2)
     print(f"respect_eval={respect_eval!s:<5}: two eval calls equal {torch.equal(a, b)}, "
           f"equal to no dropout {torch.equal(a, F.scaled_dot_product_attention(q2, k2, v2))}")
+mha_drop = nn.MultiheadAttention(2, num_heads=1, dropout=0.5, batch_first=True, dtype=torch.float64).eval()
+x3 = q2[0]  # (B, S, D)
+print(f"nn.MultiheadAttention(dropout=0.5) in eval: two calls equal "
+      f"{torch.equal(mha_drop(x3, x3, x3)[0], mha_drop(x3, x3, x3)[0])}")
 
 # %% [markdown]
 # Output:
 # ```text
 # respect_eval=False: two eval calls equal False, equal to no dropout False
 # respect_eval=True : two eval calls equal True, equal to no dropout True
+# nn.MultiheadAttention(dropout=0.5) in eval: two calls equal True
 # ```
 #
 # `eval()` only flips `self.training` on modules; a functional call sees the number you
-# pass. Write `dropout_p=self.p if self.training else 0.0` (as `nn.MultiheadAttention` does
-# internally), or validation numbers will be noisy and lower than they should be.
+# pass. Write `dropout_p=self.p if self.training else 0.0`, as `nn.MultiheadAttention` does
+# internally (last line: a module, so `eval()` reaches it), or validation numbers are noisy:
+# they change from one evaluation of the same weights to the next.
 
 # %% [markdown]
 # ## 6. Grouped-query attention
@@ -369,8 +384,7 @@ except RuntimeError as err:
 #
 # **Predict.** The point of GQA is a smaller K and V. Does `enable_gqa=True` avoid making
 # the 4-head copies that `repeat_interleave` makes? Ask the two CPU backends, with the
-# profiler's log of every ATen op the dispatcher runs (unlike a `TorchDispatchMode`, it also
-# records the ops a kernel calls inside itself) and the bytes each op allocates.
+# profiler's log of every ATen op the dispatcher runs and the bytes each op allocates.
 
 
 # %%
@@ -411,6 +425,47 @@ for backend in ("FLASH_ATTENTION", "MATH"):
 # the query head count, the very memory GQA exists to save; on a long KV cache that is
 # Hq / Hkv times its size, for the duration of the call. So "`enable_gqa=True` avoids the
 # copies" is true of the fused kernels, not of the math reference.
+
+# **Predict.** What does `enable_gqa=True` require of the head counts? Try 6 query heads
+# with 4 KV heads, and 4 query heads with 2 key heads but 1 value head, on the default
+# choice and on the flash kernel alone.
+
+
+# %%
+def gqa_try(hq, hk, hv, backend=None):
+    """enable_gqa SDPA with these head counts: the output's head count, or the error."""
+    q, k, v = torch.randn(1, hq, 5, 8), torch.randn(1, hk, 5, 8), torch.randn(1, hv, 5, 8)  # (B, H, S, D)
+    ctx = sdpa_kernel(SDPBackend.__members__[backend]) if backend else contextlib.nullcontext()
+    try:
+        with ctx, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the flash kernel also warns why it refuses
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    except RuntimeError as err:
+        return f"RuntimeError: {str(err).strip()}"
+    same = torch.allclose(out, F.scaled_dot_product_attention(
+        q, k.repeat_interleave(hq // hk, 1), v.repeat_interleave(hq // hv, 1)), atol=1e-6)
+    return f"{out.shape[1]} heads, equal to repeat_interleave {same}"
+
+
+for hq, hk, hv in ((6, 4, 4), (4, 2, 1)):
+    for backend in (None, "FLASH_ATTENTION"):
+        print(f"Hq={hq} Hk={hk} Hv={hv} {backend or 'default':<15}: {gqa_try(hq, hk, hv, backend)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# Hq=6 Hk=4 Hv=4 default        : RuntimeError: Number of heads in key and value must divide the number of heads in
+# Hq=6 Hk=4 Hv=4 FLASH_ATTENTION: RuntimeError: No available kernel.  Aborting execution.
+# Hq=4 Hk=2 Hv=1 default        : 4 heads, equal to repeat_interleave True
+# Hq=4 Hk=2 Hv=1 FLASH_ATTENTION: RuntimeError: No available kernel.  Aborting execution.
+# ```
+#
+# The query head count must be a multiple of the key head count and of the value head
+# count: 6 and 4 is refused (the message is cut short in 2.13.0, as printed). Key and value
+# may even have different head counts, but the CPU flash kernel then declines and the
+# default quietly falls back to the math backend, the one that copies K and V (above). So
+# the copy-free path needs Hq divisible by Hkv, and the same Hkv for K and V; check which
+# kernel you get with the profiler, as in the next section.
 
 # %% [markdown]
 # ## 7. Backends: which kernels this build has, and which one runs
@@ -483,6 +538,74 @@ for dtype in (torch.float32, torch.float64, torch.bfloat16):
 # flash kernel; backend eligibility is per device, per build, per version. Check it with
 # the profiler rather than trusting a list (the CUDA test of this lesson does that on a GPU).
 #
+# **Predict.** The fused kernels compute in fp32 inside, whatever the input dtype. Does the
+# math reference do the same with bf16 inputs, or does it multiply and normalise in bf16?
+
+
+# %%
+class DtypeLog(TorchDispatchMode):
+    """Records (ATen op, dtype of its result) for every op that reaches Python dispatch."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func.overloadpacket.__name__, out.dtype if isinstance(out, torch.Tensor) else None))
+        return out
+
+
+tb = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)  # (B, H, S, D)
+with sdpa_kernel(SDPBackend.MATH), DtypeLog() as log:
+    out_bf16 = F.scaled_dot_product_attention(tb, tb, tb)
+steps = [f"{n}->{str(d).removeprefix('torch.')}" for n, d in log.ops if n in ("_to_copy", "bmm", "_safe_softmax")]
+print(f"MATH on bf16: {steps}")
+ref64 = F.scaled_dot_product_attention(tb.double(), tb.double(), tb.double())  # (B, H, S, D)
+gap_math = (out_bf16.double() - ref64).abs().max().item()
+gap_bf16 = (formula(tb, tb, tb).double() - ref64).abs().max().item()  # every step in bf16
+print(f"output {out_bf16.dtype}; max error vs float64: MATH {gap_math:.1e}, formula in bf16 {gap_bf16:.1e}")
+print(f"MATH closer to float64: {gap_math < gap_bf16}")
+
+# %% [markdown]
+# Output:
+# ```text
+# MATH on bf16: ['_to_copy->float32', '_to_copy->float32', '_to_copy->float32', 'bmm->float32', '_safe_softmax->float32', '_to_copy->bfloat16', 'bmm->float32', '_to_copy->bfloat16']
+# output torch.bfloat16; max error vs float64: MATH «number», formula in bf16 «number»
+# MATH closer to float64: True
+# ```
+#
+# The math backend first copies Q, K and V to fp32 (three `_to_copy`), computes the scores,
+# the softmax and the product with V in fp32, and rounds only the output back to bf16 (the
+# last `_to_copy`; the one in between is the bf16 copy of the probabilities it also
+# returns, which the second `bmm` does not use). So its error is little more than one bf16
+# rounding of the output, smaller than the formula run in bf16 throughout (the test asserts
+# at least 1.2 times smaller). The price: fp32 copies of Q, K and V and fp32 scores, twice
+# the bytes of bf16 ones. `TorchDispatchMode` (lesson 02) sees each ATen op with its result.
+#
+# **Predict.** Older code restricts backends with `torch.backends.cuda.sdp_kernel(...)`.
+# Does it still work in 2.13.0?
+
+# %%
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with torch.backends.cuda.sdp_kernel(enable_flash=False, enable_mem_efficient=False):
+        F.scaled_dot_product_attention(x, x, x)
+for w in caught:
+    print(f"{w.category.__name__}: {first_sentence(w.message)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# FutureWarning: `torch.backends.cuda.sdp_kernel()` is deprecated
+# ```
+#
+# It still works (the call ran), with a `FutureWarning`: the replacement is
+# `torch.nn.attention.sdpa_kernel`, used throughout this lesson, which takes a list of
+# `SDPBackend` values instead of one flag per backend. The cell records the warning itself
+# to print it (the course fails a lesson that lets a `FutureWarning` escape); in your own
+# code, replace the old call.
+#
 # **Predict.** A query row whose keys are *all* masked: softmax of a row of `-inf` is
 # 0/0. What does the formula give, and what does SDPA give?
 
@@ -507,9 +630,9 @@ print(f"MHA, all padded: {rows(pad_all[0])}")
 #
 # The textbook formula gives NaN, and a NaN spreads to the loss and every gradient. SDPA in
 # 2.13.0 returns zeros instead: the math backend uses a "safe" softmax
-# (`aten::_safe_softmax`) that writes 0 for fully masked rows, and the CPU flash kernel
-# agrees. Do not rely on it: other kernels, devices and older versions return NaN, and a
-# zero vector is not a meaningful output either. Make sure every query keeps at least one
+# (`aten::_safe_softmax`, visible in section 7's op log) that writes 0 for fully masked
+# rows, and the CPU flash kernel agrees. Do not rely on it: it is a choice of these kernels
+# in this version, not of the formula, and a zero vector is not a meaningful output either. Make sure every query keeps at least one
 # key (for left padding, let padded queries see themselves, and drop their outputs from
 # the loss).
 
@@ -624,8 +747,7 @@ except NotImplementedError as err:
 # ## 9. One compiled kernel, checked against SDPA
 #
 # `torch.compile(flex_attention)` inlines the `mask_mod` and `score_mod` into the kernel it
-# generates, so four different mask functions mean four kernels and four compiles (several
-# seconds each on this CPU). The masks above are all *intervals*: query i keeps the keys
+# generates, so four different mask functions mean four kernels and four compiles. The masks above are all *intervals*: query i keeps the keys
 # from `first[i]` to `last[i]`. Written that way, one `mask_mod` covers them all and only
 # the data changes: one compile. We add ALiBi as the `score_mod`: head h adds
 # `slope[h] · (kv − q)` to each score, a penalty that grows with distance.
@@ -701,14 +823,15 @@ slopes = 2.0 ** (-8 * torch.arange(1, H_FLEX + 1) / H_FLEX)  # ALiBi slopes: 1/1
 qf, kf, vf = (torch.randn(1, H_FLEX, S_FLEX, 16) for _ in range(3))  # (B, H, S, D)
 flex = torch.compile(flex_attention)
 graphs_before, errors = graph_count(), {}
-NO_VECTOR_ISA = torch.backends.cpu.get_cpu_capability() == "DEFAULT"
-if NO_VECTOR_ISA:  # PyTorch 2.13.0 compiles FlexAttention on a CPU only with AVX2 or better
-    try:
-        flex(qf, kf, vf, block_mask=block_masks["causal"])
-    except Exception as err:  # torch._inductor.exc.InductorError, raised while lowering
-        print(f"skipped: no vector ISA (get_cpu_capability() is 'DEFAULT'), and {str(err).splitlines()[0]}")
-else:
+try:  # PyTorch decides whether this CPU may compile FlexAttention; ask it by trying
     errors = check_flex(flex)
+except torch._inductor.exc.InductorError as err:  # refused while lowering, before any kernel
+    reason = str(err).splitlines()[0]
+    if "not supported for CPU" not in reason:
+        raise  # any other failure is a real error, not a refusal
+    print(f"skipped: PyTorch refuses compiled FlexAttention on this CPU: {reason}")
+FLEX_REFUSED = not errors  # compiled flex did not run here: no AVX2, or macOS
+if not FLEX_REFUSED:
     print(f"largest error {max(errors.values()):.1e} (fp32)")
     print(f"graphs compiled: {graph_count() - graphs_before}")
 n_graphs = graph_count() - graphs_before
@@ -724,8 +847,8 @@ n_graphs = graph_count() - graphs_before
 # graphs compiled: 1
 # ```
 #
-# ```text when=no-vector-isa
-# skipped: no vector ISA (get_cpu_capability() is 'DEFAULT'), and LoweringException: NotImplementedError: torch.compile on current platform is not supported for CPU.
+# ```text when=no-cpu-flex-attention
+# skipped: PyTorch refuses compiled FlexAttention on this CPU: LoweringException: NotImplementedError: torch.compile on current platform is not supported for CPU.
 # ```
 #
 # The first call compiles: Dynamo traces flex, Inductor writes and compiles a C++ kernel
@@ -738,13 +861,15 @@ n_graphs = graph_count() - graphs_before
 # test counts them with a backend that generates no code). Timings are machine-dependent,
 # hence the placeholders.
 #
-# The second block is what this cell prints on a CPU without vector instructions
-# (`torch.backends.cpu.get_cpu_capability()` returns `'DEFAULT'`, or
-# `ATEN_CPU_CAPABILITY=default` simulates one): Inductor's CPU template for FlexAttention
-# requires AVX2 (its check, `check_cpu_supported` in PyTorch 2.13.0, also excludes macOS),
-# so compiling fails while lowering and the cell prints PyTorch's reason instead of
-# results. The mask functions and block masks of section 8 need no compiler and run there
-# as well.
+# The second block is what this cell prints where PyTorch refuses to compile FlexAttention
+# for the CPU. Its rule in 2.13.0 (`check_cpu_supported` in
+# `torch/_inductor/kernel/flex/flex_cpu.py`) asks for AVX2 (and `ATEN_CPU_CAPABILITY` not
+# set to `default`) and excludes macOS: so Apple silicon, Intel Macs, Arm Linux and x86
+# CPUs without AVX2 all get this block. The cell does not guess: it tries, and catches
+# PyTorch's own `InductorError`, raised while lowering, before any C++ is compiled; any other
+# error is re-raised. There `FLEX_REFUSED` is True and nothing below depends on a compiled
+# kernel. The mask functions and block masks of section 8 need no compiler and run
+# everywhere.
 #
 # The data travels in closures (`interval_mask(first, last)`, `alibi(slopes)`) rather than
 # through module globals: Dynamo guards on what a compiled function reads, and closure
@@ -784,7 +909,8 @@ n_graphs = graph_count() - graphs_before
 #   SDPA 2.13.0 and NaN in the formula: avoid them.
 # - FlexAttention: `mask_mod` + `create_block_mask` (block sparsity) + `score_mod`, one
 #   compiled kernel per pair of functions; put the varying data in tensors to compile
-#   once. No backward on CPU in 2.13.0, and no compiled kernel on a CPU without AVX2.
+#   once. No backward on CPU in 2.13.0, and no compiled CPU kernel without AVX2 or on
+#   macOS (PyTorch's own check; the lesson tries and reports the refusal).
 #
 # ## Exercises
 #

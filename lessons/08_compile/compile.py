@@ -49,8 +49,8 @@
 import collections
 import contextlib
 import logging
+import mmap
 import re
-import resource
 import time
 from pathlib import Path
 
@@ -58,6 +58,13 @@ import matplotlib.pyplot as plt
 import torch
 import torch._dynamo as dynamo
 import torch.nn.functional as F
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
+
+try:
+    import resource  # Unix only: counts page faults in section 6
+except ImportError:  # Windows: that count is not available, the rest runs
+    resource = None
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # one thread: reproducible results, comparable timings
@@ -452,6 +459,77 @@ print(f"restored: backward_pass_autocast = {torch._functorch.config.backward_pas
 # that it is non-zero with the default and exactly zero with `"off"` does not.
 
 # %% [markdown]
+# **Predict.** What graph does AOTAutograd hand to the compiler? Take a function with an
+# in-place `add_` on an intermediate and a `silu`. Does the in-place op survive? Is `silu`
+# one op or several?
+
+
+# %%
+def scaled_silu(x):
+    y = x * 2
+    y.add_(1)  # in place, on an intermediate tensor
+    return F.silu(y)
+
+
+def aot_forward_ops(fn, x, decompositions=None):
+    """The ATen ops of the forward graph AOTAutograd gives its compiler for fn(x)."""
+    seen = []
+
+    def grab(gm, example_inputs):
+        seen.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    dynamo.reset()
+    torch.compile(fn, backend=aot_autograd(fw_compiler=grab, decompositions=decompositions))(x)
+    return seen[0]
+
+
+print(f"AOT graph:                    {aot_forward_ops(scaled_silu, torch.randn(4))}")
+print(f"with core ATen decompositions: {aot_forward_ops(scaled_silu, torch.randn(4), core_aten_decompositions())}")
+
+# %% [markdown]
+# Output:
+# ```text
+# AOT graph:                    ['aten.mul.Tensor', 'aten.add.Tensor', 'aten.silu.default']
+# with core ATen decompositions: ['aten.mul.Tensor', 'aten.add.Tensor', 'aten.sigmoid.default', 'aten.mul.Tensor']
+# ```
+#
+# Two rewrites happen on the way down. *Functionalization* replaces every in-place op by its
+# out-of-place twin: `add_` became `add`, so the graph is pure data flow and the compiler
+# may reorder and fuse freely (a mutation of an *input* would also add a `copy_` back at the
+# end: lesson 02 shows it). *Decomposition* rewrites ops into smaller ones from a table:
+# with the core ATen table, `silu` becomes `sigmoid` and `mul`. Inductor passes its own
+# table, so it sees a graph of a few hundred basic ops instead of PyTorch's two thousand.
+# `aot_autograd` (in `torch._dynamo.backends.common`) builds such a backend from a function
+# that receives each graph; `aot_eager` is one with a compiler that just runs it.
+#
+# **Predict.** `torch.compile(mode=...)` takes `"default"`, `"reduce-overhead"`,
+# `"max-autotune"` and `"max-autotune-no-cudagraphs"`. What does each change?
+
+# %%
+for mode in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+    print(f"{mode:<27} {torch._inductor.list_mode_options(mode)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# default                     {}
+# reduce-overhead             {'triton.cudagraphs': True}
+# max-autotune                {'max_autotune': True, 'triton.cudagraphs': True, 'coordinate_descent_tuning': True}
+# max-autotune-no-cudagraphs  {'max_autotune': True, 'coordinate_descent_tuning': True}
+# ```
+#
+# A mode is a bundle of Inductor settings. `reduce-overhead` turns on CUDA graphs: on a
+# GPU the compiled function's kernel launches are recorded once and replayed with a single
+# launch, which removes per-kernel CPU overhead (the regime of small batches). The
+# `max-autotune` modes benchmark several kernel configurations (matmul templates, tile
+# sizes) at compile time, so they compile much longer. These settings act on GPU code; on
+# a CPU the modes change little. A replayed CUDA graph reuses its output memory: call
+# `torch.compiler.cudagraph_mark_step_begin()` before each training or inference step, and
+# clone an output you keep across steps (the CUDA test of this lesson records and replays
+# a graph).
+
+# %% [markdown]
 # ## 6. Inductor: the first call, the generated code, its cache
 #
 # Eager PyTorch runs one kernel per operation: `((x * 1.5 + 0.5).relu() - 0.25) * 2.0` is
@@ -566,6 +644,7 @@ isa = pick_vec_isa()  # the vector ISA Inductor compiles for (false when there i
 lanes, bits = (isa.nelements(torch.float), isa.bit_width()) if isa else (1, 32)
 print(f"chain's loop: {loop}")
 print(f"floats per step: {step}; Inductor's vector registers here: {bits} bits = {lanes} floats")
+print(f"ATen's CPU capability here: {torch.backends.cpu.get_cpu_capability()}")
 
 # %% [markdown]
 # Output:
@@ -574,6 +653,7 @@ print(f"floats per step: {step}; Inductor's vector registers here: {bits} bits =
 # gelu chain: 1 generated file, kernels ['cpp_fused_add_gelu_mul_sub_0'], allocations per call 1
 # chain's loop: for(int64_t x0=static_cast<int64_t>(0L); x0<static_cast<int64_t>(2097152L); x0+=static_cast<int64_t>(«number»L))
 # floats per step: «number»; Inductor's vector registers here: «number» bits = «number» floats
+# ATen's CPU capability here: «isa»
 # ```
 #
 # One kernel per chain, named after the operations it fused, and one allocation per call:
@@ -586,11 +666,11 @@ print(f"floats per step: {step}; Inductor's vector registers here: {bits} bits =
 # step loads a group of floats into one `at::vec::Vectorized<float>` register, applies the
 # five operations to the whole group and stores it. The group's size is the CPU's: Inductor
 # compiles for the widest vector instructions it finds (and honours the environment
-# variable `ATEN_CPU_CAPABILITY`, as ATen's own kernels do;
-# `torch.backends.cpu.get_cpu_capability()` names the level they use). On x86 that is 16
-# floats per step with AVX-512 (512-bit registers), 8 with AVX2, and with no vector
-# instructions (`"DEFAULT"`) a plain scalar loop, one float per step and no `Vectorized` at
-# all; there, the compiled chain runs slower than eager. The lesson's test checks the step
+# variable `ATEN_CPU_CAPABILITY`, as ATen's own kernels do). The last line is
+# `torch.backends.cpu.get_cpu_capability()`, the level ATen's kernels use on your machine:
+# on x86 `AVX512` goes with 16 floats per step (512-bit registers), `AVX2` with 8, and
+# `DEFAULT` (no vector instructions) with a plain scalar loop, one float per step and no
+# `Vectorized` at all; there, the compiled chain runs slower than eager. The lesson's test checks the step
 # against `get_cpu_capability()` on the machine it runs on, and a slow test
 # (`make test-slow`) checks steps and speed under a simulated AVX2 CPU and one with no
 # vector instructions.
@@ -693,7 +773,10 @@ def fastest_ms(ways, burst=1, repeats=15, budget_s=1.0):
 
 
 def page_faults(fn, calls=2):
-    """Minor page faults per call of fn (after one warm-up call): pages the kernel had to map."""
+    """Minor page faults per call of fn (after one warm-up call): pages the kernel had to map.
+    None where Python has no `resource` module (Windows)."""
+    if resource is None:
+        return None
     fn()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(calls):
@@ -735,14 +818,15 @@ def show(x, t, faults):
     gbs = {f: 2 * x.nbytes / t[f] / 1e6 for f in ("copy_", "clone")}  # one read + one write
     print(f"x {x.nbytes / 2**20:.0f} MiB, x + result {2 * x.nbytes / 2**20:.0f} MiB:")
     print(f"  {'copy_':<13} {t['copy_']:.3f} ms, {gbs['copy_']:.1f} GB/s")
-    print(f"  {'clone':<13} {t['clone']:.3f} ms, {gbs['clone']:.1f} GB/s, {faults:.0f} page faults per call")
+    counted = "not counted (no resource module)" if faults is None else f"{faults:.0f} page faults per call"
+    print(f"  {'clone':<13} {t['clone']:.3f} ms, {gbs['clone']:.1f} GB/s, {counted}")
     for name, (passes, f) in MODEL.items():
         if name in t:
             print(f"  {name:<13} {t[name]:.3f} ms, predicted {passes} x {f}, measured {t[name] / t[f]:.1f} x")
 
 
 sizes = {"small": torch.randn(2048, 1024), "large": torch.randn(8192, 2048)}  # 8 and 64 MiB
-print(f"largest CPU cache: {llc_mib():.0f} MiB; page size: {resource.getpagesize() // 1024} KiB")
+print(f"largest CPU cache: {llc_mib():.0f} MiB; page size: {mmap.PAGESIZE // 1024} KiB")
 timings, faults = {}, {}
 for label, xt in sizes.items():
     timings[label] = measure(xt, gelu=label == "small")
@@ -788,7 +872,8 @@ print(f"compiled allclose to eager (1e-5): {same}")
 #   memory. Fusion removed the traffic; what remains is compute.
 # - **64 MiB.** `copy_` drops to what main memory delivers (fewer GB/s than at 8 MiB), and
 #   `clone` drops much further: each call gets a fresh 64 MiB mapping from the operating
-#   system, and every page of it faults on first touch (the printed count). glibc's
+#   system, and every page of it faults on first touch (the printed count; on Windows,
+#   where Python has no `resource` module, the line says `not counted` instead). glibc's
 #   allocator returns blocks above its mmap threshold (32 MiB at most, by default) to the
 #   system when they are freed, so the next call maps them again; 8 MiB stays in the
 #   process. The compiled chain allocates its result the same way and runs at `clone`'s

@@ -6,8 +6,8 @@ on CUDA, compiled vs eager, the caching allocator against the clone floor, and
 mode="reduce-overhead" recording and replaying a CUDA graph."""
 
 import os
+import mmap
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -245,7 +245,7 @@ def test_past_the_cache(lesson):
         assert per_byte["copy_"] > 1.5, per_byte
     assert small["clone"] < 2 * small["copy_"], small  # in the cache, both floors alike
     if sys.platform == "linux":  # glibc: a 64 MiB block is mapped afresh on every call
-        pages = ns["sizes"]["small"].nbytes / resource.getpagesize()
+        pages = ns["sizes"]["small"].nbytes / mmap.PAGESIZE
         assert faults["small"] < pages / 10, faults  # the freed 8 MiB block is reused
         assert faults["large"] >= 10 and faults["large"] > faults["small"]
         assert large["clone"] > 2 * large["copy_"], large
@@ -425,7 +425,7 @@ def cuda_ms(fn, warmup=3, repeats=20):
 
 
 @pytest.mark.cuda
-def test_cuda_compiled_chain_and_the_caching_allocator(lesson):
+def test_cuda_compiled_chain_and_the_caching_allocator(lesson, record_property):
     """Compiled beats eager on a bandwidth-bound chain, and a fresh output costs nothing
     extra on a GPU: the caching allocator reuses freed blocks, so clone keeps pace with
     copy_ (on the CPU, at 64 MiB, it did not)."""
@@ -438,6 +438,9 @@ def test_cuda_compiled_chain_and_the_caching_allocator(lesson):
     t_copy, t_clone = cuda_ms(lambda: out.copy_(x)), cuda_ms(lambda: x.clone())
     print(f"cuda: eager {t_eager:.3f} ms, compiled {t_compiled:.3f} ms, "
           f"copy_ {t_copy:.3f} ms, clone {t_clone:.3f} ms")
+    for name, ms in (("eager", t_eager), ("compiled", t_compiled), ("copy_", t_copy), ("clone", t_clone)):
+        record_property(f"chain 8192^2 fp32, {name} [ms]", ms)
+    record_property("copy_ 8192^2 fp32, read + write bandwidth [GB/s]", 2 * x.nbytes / t_copy / 1e6)
     assert t_compiled < t_eager / 2  # one pass against five
     assert t_compiled < 1.5 * t_clone
     assert t_clone < 1.5 * t_copy  # no page faults: the block comes from the cache
@@ -455,7 +458,7 @@ def graph_launches(fn, calls):
 
 
 @pytest.mark.cuda
-def test_cuda_reduce_overhead_records_and_replays_a_graph():
+def test_cuda_reduce_overhead_records_and_replays_a_graph(record_property):
     def small(x):  # four tiny kernels in eager: launch overhead dominates
         return ((x * 2 + 1).relu() - 0.5).sum()
 
@@ -463,6 +466,7 @@ def test_cuda_reduce_overhead_records_and_replays_a_graph():
     default = torch.compile(small)
     graphed = torch.compile(small, mode="reduce-overhead")  # records a CUDA graph, then replays it
     for _ in range(3):  # warm-up runs, then the recording
+        torch.compiler.cudagraph_mark_step_begin()  # a new step: earlier outputs may be overwritten
         graphed(x).clone()
     torch.testing.assert_close(graphed(x).clone(), small(x))
     # replayed: one cudaGraphLaunch per call, and none for the default mode
@@ -477,4 +481,24 @@ def test_cuda_reduce_overhead_records_and_replays_a_graph():
     t_graphed = cuda_ms(lambda: graphed(x))
     print(f"cuda small: eager {t_eager:.4f} ms, compiled {t_default:.4f} ms, "
           f"reduce-overhead {t_graphed:.4f} ms")  # printed, not asserted: host-dependent
+    record_property("small chain, eager [ms]", t_eager)
+    record_property("small chain, compiled default [ms]", t_default)
+    record_property("small chain, compiled reduce-overhead [ms]", t_graphed)
     assert min(t_eager, t_default, t_graphed) > 0
+
+
+def test_aot_graph_is_functional_and_decomposed(lesson):
+    ns = lesson.ns
+    ops = ns["aot_forward_ops"](ns["scaled_silu"], torch.randn(4))
+    assert ops == ["aten.mul.Tensor", "aten.add.Tensor", "aten.silu.default"]
+    assert not any(op.split(".")[1].endswith("_") for op in ops)  # no in-place op survives
+    decomposed = ns["aot_forward_ops"](ns["scaled_silu"], torch.randn(4), ns["core_aten_decompositions"]())
+    assert "aten.silu.default" not in decomposed and "aten.sigmoid.default" in decomposed
+
+
+def test_compile_modes():
+    from torch._inductor import list_mode_options
+
+    assert list_mode_options("reduce-overhead") == {"triton.cudagraphs": True}
+    assert list_mode_options("max-autotune-no-cudagraphs").get("max_autotune") is True
+    assert callable(torch.compiler.cudagraph_mark_step_begin)
