@@ -386,13 +386,14 @@ for v in (1000.0, 1e5, math.inf, 1e-3):
 #  0.001 stored as float8_e4m3fn 0.00195312, float8_e5m2 0.000976562
 # ```
 #
-# Eight bits leave little of either. float8_e4m3fn keeps 3 mantissa bits (a step of 1/8
-# at 1.0) and stops at 448 = 1.75 × 2**8 (having no inf, it uses the top exponent, which
-# other formats keep for inf and NaN, for numbers: only the all-ones code is NaN); float8_e5m2 has float16's 5 exponent bits, so nearly its range
-# (up to 57,344), and 2 mantissa bits. Out of range they differ: in PyTorch 2.13.0 a cast to
-# float8_e4m3fn *saturates*, 1000, 100,000 and even inf become 448, while float8_e5m2
-# rounds 1000 to 1024 and overflows to inf past its range, as float16 does. At the small end, 1e-3 is about half of float8_e4m3fn's smallest
-# subnormal (2**-9 = 0.00195) and rounds up to it: 95% off.
+# Eight bits leave little of either. float8_e4m3fn keeps 3 mantissa bits (a step of 1/8 at
+# 1.0) and stops at 448 = 1.75 × 2**8 (having no inf, it uses the top exponent, which other
+# formats keep for inf and NaN, for numbers: only the all-ones code is NaN); float8_e5m2 has
+# float16's 5 exponent bits, so nearly its range (up to 57,344), and 2 mantissa bits. Out of
+# range they differ: in PyTorch 2.13.0 a cast to float8_e4m3fn *saturates*, 1000, 100,000
+# and even inf become 448, while float8_e5m2 rounds 1000 to 1024 and overflows to inf past
+# its range, as float16 does. At the small end, 1e-3 is about half of float8_e4m3fn's
+# smallest subnormal (2**-9 = 0.00195) and rounds up to it: 95% off.
 #
 # **Predict.** A tensor of small values (a gradient, say: 1e-3 times a normal sample) is
 # stored in each format directly, and again after multiplying it by the format's largest
@@ -568,8 +569,8 @@ print(f"the same rounded log-probs averaged in float32:  {picked.mean().item():.
 # about as little (3.5437, averaged in float32). `nll_loss` on bfloat16 input lands a whole
 # bfloat16 step further, on the loss above: no single rounding of a float32 result gives
 # that. Its running sums are bfloat16 numbers too, rounded to 8 bits at every addition as
-# in section 2. `logits.float()` costs one small cast and makes the
-# loss, and the start of the backward pass, float32 on every device.
+# in section 2. `logits.float()` costs one small cast and makes the loss, and the start of
+# the backward pass, float32 on every device.
 #
 # ### What a 16-bit matmul costs on this CPU
 #
@@ -601,22 +602,27 @@ for name, dtype in FORMATS.items():
     mm_time[name] = best_time(lambda: a16 @ b16)
     mm_out[name] = a16 @ b16  # (n, n), kept for the test: a real product was computed
 print(f"{N_MM}x{N_MM} matmul, fastest of 5: float32 {mm_time['float32'] * 1e6:.0f} us")
-for name in ("bfloat16", "float16"):
-    print(f"{name:8} takes {mm_time[name] / mm_time['float32']:.2f} x the float32 time")
+a_bf16, b_bf16 = a32.to(torch.bfloat16), b32.to(torch.bfloat16)
+mm_time["bf16 via fp32"] = best_time(lambda: a_bf16.float() @ b_bf16.float())
+for name in ("bfloat16", "float16", "bf16 via fp32"):
+    print(f"{name:13} takes {mm_time[name] / mm_time['float32']:.2f} x the float32 time")
 
 # %% [markdown]
 # Output:
 # ```text
 # 128x128 matmul, fastest of 5: float32 «time» us
-# bfloat16 takes «ratio» x the float32 time
-# float16  takes «ratio» x the float32 time
+# bfloat16      takes «ratio» x the float32 time
+# float16       takes «ratio» x the float32 time
+# bf16 via fp32 takes «ratio» x the float32 time
 # ```
 #
 # The ratios are your CPU's (times vary a little from run to run; the ratios' order of
 # magnitude does not). A bfloat16 ratio near or below 1 means the CPU multiplies bfloat16
 # in hardware: AVX-512 BF16 or AMX instructions, which oneDNN (PyTorch's CPU library for
-# such kernels) uses when they are there. A ratio of tens means it has none: each product
-# is computed through conversions to float32 in a slower path. float16 is slower than
+# such kernels) uses when they are there. A ratio of tens means it has none, and the
+# product runs in a generic loop, not in a tuned kernel: converting both bfloat16 inputs to
+# float32 and multiplying there (the last line) costs little more than float32 itself.
+# float16 is slower than
 # float32 on most CPUs: only recent server CPUs (AMX-FP16, AVX512-FP16) multiply it
 # natively. The tests check these directions against the flags your CPU reports. On GPUs
 # the 16-bit formats are the fast ones (this lesson's CUDA test measures fp32, TF32, fp16
@@ -1029,9 +1035,9 @@ for name, count in cast_counts.items():
 # Here is AdamW written out in NumPy, trained side by side with `torch.optim.AdamW` on a
 # small 4-class dataset made for this course (`data/four_classes.csv` at the repository's
 # top, written by `scripts/make_four_classes.py`: four overlapping 2-D Gaussian clouds, 400
-# training and 200 validation points). The model is a linear classifier in float64, started at zero; the weight gets
-# weight decay 0.1, the bias none (AdamW takes one parameter group per setting). Both see
-# the same mini-batches of 16.
+# training and 200 validation points). The model is a linear classifier in float64, started
+# at zero; the weight gets weight decay 0.1, the bias none (AdamW takes one parameter group
+# per setting). Both see the same mini-batches of 16.
 #
 # **Predict.** What is the loss at step 1, when every logit is 0? How far apart will the
 # two sets of weights be after 300 steps?
@@ -1120,15 +1126,15 @@ print(f"weights' sizes {w_abs.min():.2f} to {w_abs.max():.2f}; "
 # ```
 #
 # At step 1 all logits are 0, the softmax is uniform over 4 classes, and the loss is
-# −ln(1/4) = ln 4 = 1.3863. The two optimizers then agree for all 300 steps to within a
-# few units in the last place of weights of size 1 to 2, where float64's numbers are
-# 2**-52 = 2.2e-16 apart (the exact count depends on the CPU's kernels, hence «number»
-# above), and the second half of the run is no worse than the first: the gap is rounding,
-# and it does not grow. It is there because PyTorch evaluates algebraically equal formulas
-# arranged differently (`exp_avg.lerp_(grad, 1 - beta1)` for the running average, the bias
-# corrections folded into the step size and the denominator).
-# `torch.optim.AdamW` *is* the few lines of `NumpyAdamW.step`. The clouds overlap, so a linear
-# classifier cannot be perfect: 86.5% of the validation points land on their own side.
+# −ln(1/4) = ln 4 = 1.3863. The two optimizers then agree for all 300 steps to within a few
+# units in the last place of weights of size 1 to 2, where float64's numbers are 2**-52 =
+# 2.2e-16 apart (the exact count depends on the CPU's kernels, hence «number» above), and
+# the second half of the run is no worse than the first: the gap is rounding, and it does
+# not grow. It is there because PyTorch evaluates algebraically equal formulas arranged
+# differently (`exp_avg.lerp_(grad, 1 - beta1)` for the running average, the bias
+# corrections folded into the step size and the denominator). `torch.optim.AdamW` *is* the
+# few lines of `NumpyAdamW.step`. The clouds overlap, so a linear classifier cannot be
+# perfect: 86.5% of the validation points land on their own side.
 
 # %% [markdown]
 # ## 8. Picture it: three number lines

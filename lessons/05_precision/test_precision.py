@@ -171,7 +171,8 @@ def cpu_flags():
 def test_16bit_matmul_cost(lesson):
     ns = lesson.ns
     t, out = ns["mm_time"], ns["mm_out"]
-    assert set(t) == {"float32", "float16", "bfloat16"} and all(v > 0 for v in t.values())
+    assert set(t) == {"float32", "float16", "bfloat16", "bf16 via fp32"} and all(v > 0 for v in t.values())
+    assert t["bf16 via fp32"] < 4 * t["float32"]  # two small casts and a float32 product
     exact = ns["a32"].double() @ ns["b32"].double()
     for name, tol in [("float32", 1e-4), ("bfloat16", 0.1), ("float16", 0.02)]:
         assert out[name].dtype == ns["FORMATS"][name]  # a real 16-bit product was timed

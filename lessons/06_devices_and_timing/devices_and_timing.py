@@ -30,9 +30,10 @@
 #
 # **How to run:** `python lessons/06_devices_and_timing/devices_and_timing.py` or
 # `make lesson N=06` from the repository root, or open `devices_and_timing.ipynb`. It runs
-# on the CPU, within the lesson's budget of 30 seconds on a shared 2-core machine.
-# Timings change from run to run: the *Output* blocks write them as placeholders such as
-# `«time»` and `«rate»`, and `make test` checks everything else. The GPU measurements run with `make test-gpu` on a machine that has one.
+# on the CPU, within the lesson's budget of 30 seconds on a shared 2-core machine. Timings
+# change from run to run: the *Output* blocks write them as placeholders such as `«time»`
+# and `«rate»`, and `make test` checks everything else. The GPU measurements run with
+# `make test-gpu` on a machine that has one.
 
 # %%
 import json
@@ -372,14 +373,15 @@ print(f"64x64 matmul: blocks of {meas64.number_per_run} calls, median {meas64.me
 # 64x64 matmul: blocks of «number» calls, median «time» us
 # ```
 #
-# The two medians agree to within the noise of a shared machine (the test allows a factor
-# of 2 either way: the two ran at different moments). `blocked_autorange` chose how many
-# calls to group per measurement by itself: one call of a 512² matmul already lasts
-# milliseconds, so blocks stay small; a 64² matmul lasts microseconds, and its blocks hold
-# far more calls (the test checks that they are larger). The IQR (the spread of the middle half of the measurements) is the honest error
-# bar to quote with the median. Both timings pass `out=c`: a fresh 1 MiB output per call
-# would add the allocator's work to what we measure (and, for outputs of tens of MiB, page
-# faults as each fresh output is mapped into memory: lesson 08 counts them).
+# The two medians agree to within the noise of a shared machine (the test allows a factor of
+# 2 either way: the two ran at different moments). `blocked_autorange` chose how many calls
+# to group per measurement by itself: one call of a 512² matmul already lasts milliseconds,
+# so blocks stay small; a 64² matmul lasts microseconds, and its blocks hold far more calls
+# (the test checks that they are larger). The IQR (the spread of the middle half of the
+# measurements) is the honest error bar to quote with the median. Both timings pass `out=c`:
+# a fresh 1 MiB output per call would add the allocator's work to what we measure (and, for
+# outputs of tens of MiB, page faults as each fresh output is mapped into memory: lesson 08
+# counts them).
 
 # %% [markdown]
 # ## 4. Hidden synchronisations in a training loop
@@ -465,13 +467,13 @@ print(f".tolist() of {len(values)} values: ops {sorted({e.name for e in tolist_p
 # ```
 #
 # Three of the four lines read a value every step: `.item()` directly, formatting through
-# `Tensor.__format__` (which calls `.detach().item()` on a 0-d tensor), and the branch through
-# `bool()`, which dispatches `aten::is_nonzero` and then `item`. Each would stall a GPU 3
-# times per step. `.cpu()` shows only `aten::to` here because the tensor already is on the
-# CPU (section 1: no copy); on a GPU the same line is `aten::_to_copy` + `aten::copy_`, a
-# device-to-host copy that waits for the queue (the CUDA test profiles it). On the CPU,
-# `.tolist()` reads the values without passing through `_local_scalar_dense` (last line):
-# searching a profile for that op does not find it.
+# `Tensor.__format__` (which calls `.detach().item()` on a 0-d tensor), and the branch
+# through `bool()`, which dispatches `aten::is_nonzero`, which calls `item`. On a GPU each
+# of the three would stall it once per step. `.cpu()` shows only `aten::to` here because the
+# tensor already is on the CPU (section 1: no copy); on a GPU the same line is
+# `aten::_to_copy` + `aten::copy_`, a device-to-host copy that waits for the queue (the CUDA
+# test profiles it). On the CPU, `.tolist()` reads the values without passing through
+# `_local_scalar_dense` (last line): searching a profile for that op does not find it.
 #
 # The fix is to keep values on the device and read them rarely: accumulate
 # `total += loss.detach()` and call `.item()` once every N steps; decide on early stopping
@@ -557,13 +559,13 @@ print(f"aten::mm + aten::addmm: {100 * matmul / total:.1f}% of self CPU time")
 # `prof.key_averages()` groups the events by op name; `.table(sort_by="self_cpu_time_total",
 # row_limit=10)` prints them as the usual text table, sorted by time. We sort by the number
 # of calls instead, because those counts are the same on every run while the time ranking
-# can shuffle its small entries. The most frequent ops are views and bookkeeping
-# (`t`, `transpose`, `as_strided`, all free) and the SGD update's `add_`; the time is
-# elsewhere: the two matmul ops take most of it (the test checks more than half; one
-# preemption by another process can land in any op and move the share), since
-# each linear layer runs one `addmm` forward and up to two `mm` backward. Read a profile
-# both ways: *counts* tell you what your code asked for (e.g. how many host reads per
-# step), *self time* where the time went.
+# can shuffle its small entries. The most frequent ops are views and bookkeeping (`t`,
+# `transpose`, `as_strided`: new metadata, no data moved) and the SGD update's `add_`; the
+# time is elsewhere: the two matmul ops take most of it (the test checks more than half; one
+# preemption by another process can land in any op and move the share), since each linear
+# layer runs one `addmm` forward and up to two `mm` backward. Read a profile both ways:
+# *counts* tell you what your code asked for (e.g. how many host reads per step), *self
+# time* where the time went.
 
 # %% [markdown]
 # **Predict.** The profile can be saved as a Chrome trace: a JSON timeline you open in
@@ -972,13 +974,12 @@ print(f"MFU = {step_rate / 1e9:.1f} / {peak / 1e9:.1f} GFLOP/s = {step_rate / pe
 # MFU = «rate» / «rate» GFLOP/s = «number»%
 # ```
 #
-# No: the step runs below its large products' rate (the test checks that the median
-# ratio of the pairs, which a busy machine disturbs least, is under 1.1, a margin for
-# noise). They hold 97% of its counted FLOPs, but the step also
-# runs three thin products (one side of 10) and the bias adds, ReLU, loss and SGD update,
-# which take time for few or no counted FLOPs. That gap is what MFU measures in a real run too, where the usual
-# thieves are waiting for data, for communication, for the host (section 4), or many
-# small kernels.
+# No: the step runs below its large products' rate (the test checks that the median ratio of
+# the pairs, which a busy machine disturbs least, is under 1.1, a margin for noise). They
+# hold 97% of its counted FLOPs, but the step also runs three thin products (one side of 10)
+# and the bias adds, ReLU, loss and SGD update, which take time for few or no counted FLOPs.
+# That gap is what MFU measures in a real run too, where the usual thieves are waiting for
+# data, for communication, for the host (section 4), or many small kernels.
 #
 # The same arithmetic sizes a GPU run. An NVIDIA H200 has 141 GB of memory and about
 # 989 TFLOP/s of dense bf16 matmul (its datasheet; the larger figure there assumes 2:4
@@ -1019,14 +1020,14 @@ print(f"at 50% MFU: {0.5 * H200_BF16 / (dense + attn):,.0f} tokens/s")
 # at 50% MFU: 79,053 tokens/s
 # ```
 #
-# An 8-billion-parameter model needs 128 GB for its training state alone, 91% of the
-# H200, with activations still to come: it does not train on one H200 this way. Shard its
-# state across several GPUs (lesson 11's FSDP2), offload part of it to the host, or use an
-# optimizer that keeps less. The 1-billion-parameter model fits with room for activations, and 60,000
-# tokens/s would be an MFU of 38%; a low MFU usually means the GPU waits (for data, for
-# communication, for the host). MFU counts only the model's FLOPs:
-# recomputation (activation checkpointing) makes the GPU do more work without raising
-# MFU. The peak must match the dtype: fp32 matmuls have a much lower one.
+# An 8-billion-parameter model needs 128 GB for its training state alone, 91% of the H200,
+# with activations still to come: it does not train on one H200 this way. Shard its state
+# across several GPUs (lesson 11's FSDP2), offload part of it to the host, or use an
+# optimizer that keeps less. The 1-billion-parameter model fits with room for activations,
+# and 60,000 tokens/s would be an MFU of 38%; a low MFU usually means the GPU waits (for
+# data, for communication, for the host). MFU counts only the model's FLOPs: recomputation
+# (activation checkpointing) makes the GPU do more work without raising MFU. The peak must
+# match the dtype: fp32 matmuls have a much lower one.
 
 # %% [markdown]
 # ## 8. Three regimes: compute, memory, overhead

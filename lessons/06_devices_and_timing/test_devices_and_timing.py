@@ -131,6 +131,9 @@ def test_hidden_syncs(lesson):
     ns = lesson.ns
     assert ns["reads"] == {"log .item()": 5, "format": 5, "branch": 5, ".cpu()": 0}
     assert ns["ops_in"]["branch"] == ["aten::is_nonzero", "aten::lt"]
+    under_is_nonzero = {e.name for e in ns["sync_prof"].events()
+                        if e.cpu_parent is not None and e.cpu_parent.name == "aten::is_nonzero"}
+    assert under_is_nonzero == {"aten::item"}  # bool() -> is_nonzero -> item
     assert len(ns["log"]) == 5 and ns["text"] == f"loss {ns['log'][-1]:.4f}"
     assert all(k.device.type == "cpu" for k in ns["keep"])
 
