@@ -19,6 +19,7 @@ only), `heading` starts a `== name ==` section; `serve` runs the part between `s
 """
 
 import gc
+import logging
 import sys
 import traceback
 from pathlib import Path
@@ -311,6 +312,29 @@ def show_reshard(mesh, device):
                 shared(f"trace {label:<12} | {' '.join(s[0] for s in state)} | {held:>6} bytes")
 
 
+def show_reshard_int(mesh, device):
+    """An int reshard_after_forward: the group size the parameters are resharded to."""
+    heading("reshard int")
+    _, mine = batch(device)
+    logged = []
+    log = logging.getLogger("torch.distributed.fsdp.fully_shard")  # its name in 2.13.0
+    catch = logging.Handler()
+    catch.emit = lambda record: logged.append(record.getMessage())
+    log.addHandler(catch)
+    for k in (1, 2, 3):
+        try:
+            model = shard(make_model(torch.float32, device), mesh=mesh, reshard_after_forward=k)
+        except ValueError as err:
+            shared(f"reshard_after_forward={k}: ValueError: {err}")
+            continue
+        events = trace_step(model, mine)
+        _, state, held = events[NAMES.index("head") + 1]  # "after fwd": before backward()
+        shared(f"reshard_after_forward={k}: between forward and backward {dict(zip(NAMES, state))}, "
+               f"parameter bytes {held}")
+    log.removeHandler(catch)
+    shared(f"logged: {logged[0] if logged else None}")
+
+
 def show_mixed(mesh, device):
     heading("mixed")
     _, mine = batch(device)
@@ -452,6 +476,7 @@ def main_part(device):
     show_step(mesh, device)
     show_hooks(mesh, device)
     show_reshard(mesh, device)
+    show_reshard_int(mesh, device)
     show_mixed(mesh, device)
     show_memory(mesh, device)
     show_no_sync(mesh, device)
