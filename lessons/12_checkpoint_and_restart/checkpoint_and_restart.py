@@ -30,17 +30,9 @@
 #
 # **How to run:** `python lessons/12_checkpoint_and_restart/checkpoint_and_restart.py` or
 # `make lesson N=12` from the repository root, or open `checkpoint_and_restart.ipynb`. It
-# writes checkpoints into a temporary folder (removed at the end), launches two 2-rank
-# runs of `worker.py` on the CPU with gloo, and saves its figure next to the lesson. You can
-# run the worker yourself (an empty folder each time; `--hold K` stops the first attempt
-# after step K and waits for a kill: `kill -9` one of the pids it prints, from another shell):
-#
-#     torchrun --standalone --nproc-per-node=2 \
-#         lessons/12_checkpoint_and_restart/worker.py reshard /tmp/ck
-#     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 \
-#         --max-restarts=1 lessons/12_checkpoint_and_restart/worker.py drill /tmp/drill --hold 8
-#
-# (add `--backend nccl` on a machine with 2 GPUs). Each printing cell is followed by an
+# writes checkpoints into a temporary folder (removed at the end), launches two 2-rank runs
+# of `worker.py` on the CPU with gloo, and saves its figure next to the lesson. `worker.py`'s
+# docstring says how to run it with torchrun yourself. Each printing cell is followed by an
 # *Output* block: what it printed with the pinned PyTorch (2.13.0), checked by `make test`.
 
 # %%
@@ -69,7 +61,7 @@ HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd(
 sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit (lesson 09)
 sys.path.insert(0, str(HERE))  # this folder: worker.py, the ranks' code and the drill's helpers
 from multirank import launch, section, show  # noqa: E402
-from worker import CONFIG, REVISION, Killer, compatible, plot_drill  # noqa: E402
+from worker import CONFIG, REVISION, Killer, Trainer, compatible, plot_drill  # noqa: E402
 
 WORKER = HERE / "worker.py"
 TMP = Path(tempfile.mkdtemp(prefix="lesson12-"))  # the lesson's checkpoints; removed at the end
@@ -209,8 +201,9 @@ for key, item in meta.state_dict_metadata.items():
 # - the **data loader's cursor**: the shuffled order of this epoch (drawn from the loader's
 #   own generator when the epoch starts) and how many batches of it were consumed.
 #
-# The `Trainer` below keeps all of them and has `state_dict()` / `load_state_dict()`: DCP
-# treats such an object as *Stateful* and calls those methods itself on save and on load.
+# `Trainer` (in `worker.py`: read it beside this lesson) keeps all of them and has
+# `state_dict()` / `load_state_dict()`: DCP treats such an object as *Stateful* and calls
+# those methods itself on save and on load.
 # A run of 12 steps (8 batches of 4 per epoch) is checkpointed after step 6; then it is
 # resumed three times: from a checkpoint of only the model and optimizer, from the full
 # state but with a new process's random state, and from the full state.
@@ -220,63 +213,6 @@ for key, item in meta.state_dict_metadata.items():
 
 
 # %%
-class Trainer:
-    """Model + Adam + StepLR + dropout RNG + a shuffling DataLoader with its cursor."""
-
-    def __init__(self, seed=0):
-        torch.manual_seed(seed)
-        self.model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5),
-                                         torch.nn.Linear(8, 1))
-        self.optim = torch.optim.Adam(self.model.parameters(), lr=0.1)
-        self.sched = torch.optim.lr_scheduler.StepLR(self.optim, step_size=4, gamma=0.5)
-        data = torch.randn(32, 5, generator=torch.Generator().manual_seed(42))  # (32, 5)
-        ds = torch.utils.data.TensorDataset(torch.arange(32), data[:, :4], data[:, 4:])
-        self.gen = torch.Generator().manual_seed(7)  # the loader's shuffle generator
-        self.loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True,
-                                                  generator=self.gen)
-        self.step, self.epoch, self.used, self.it = 0, 0, 0, None
-        self.epoch_rng = self.gen.get_state()  # the state that decides this epoch's order
-
-    def batch(self):
-        if self.it is None:  # (re)start the epoch's iterator at the cursor
-            self.gen.set_state(self.epoch_rng)
-            self.it = iter(self.loader)
-            for _ in range(self.used):
-                next(self.it)  # skip what was already consumed
-        try:
-            idx, x, y = next(self.it)
-        except StopIteration:  # a new epoch: record the generator state, then shuffle
-            self.epoch, self.used, self.it = self.epoch + 1, 0, None
-            self.epoch_rng = self.gen.get_state()
-            return self.batch()
-        self.used += 1
-        return idx, x, y
-
-    def train_step(self):
-        idx, x, y = self.batch()  # idx (4,), x (4, 4), y (4, 1)
-        lr = self.optim.param_groups[0]["lr"]
-        loss = update(self.model, self.optim, x, y)
-        self.sched.step()
-        self.step += 1
-        return {"lr": lr, "batch": idx.tolist(), "loss": loss.item()}
-
-    def state_dict(self):
-        msd, osd = get_state_dict(self.model, self.optim)
-        cursor = {"step": self.step, "epoch": self.epoch, "used": self.used,
-                  "epoch_rng": self.epoch_rng}
-        return {"model": msd, "optim": osd, "sched": self.sched.state_dict(),
-                "rng": torch.get_rng_state(), "cursor": cursor}
-
-    def load_state_dict(self, sd):
-        set_state_dict(self.model, self.optim, model_state_dict=sd["model"],
-                       optim_state_dict=sd["optim"])
-        self.sched.load_state_dict(sd["sched"])
-        torch.set_rng_state(sd["rng"])
-        c = sd["cursor"]
-        self.step, self.epoch, self.used = c["step"], c["epoch"], c["used"]
-        self.epoch_rng, self.it = c["epoch_rng"], None
-
-
 def resume(kind):
     """A fresh Trainer restored from the step-6 checkpoint of `kind`, then steps 7-12."""
     t = Trainer(seed=1)  # other initial weights: the checkpoint must overwrite them
@@ -303,6 +239,8 @@ dcp.save({"model": msd, "optim": osd}, checkpoint_id=TMP / "weights6", no_dist=T
 dcp.save({"app": first}, checkpoint_id=TMP / "full6", no_dist=True)  # calls first.state_dict
 runs = {"uninterrupted": (straight, log[6:])}
 runs |= {k: resume(k) for k in ("weights only", "all but RNG", "full state")}
+saved = dcp.FileSystemReader(TMP / "full6").read_metadata().state_dict_metadata
+print(f"the full checkpoint holds app.{sorted({k.split('.')[1] for k in saved})}")
 print(f"step 1 of the run used batch {log[0]['batch']}")
 for name, (t, steps) in runs.items():
     print(f"{name:13} step 7: batch {steps[0]['batch']} loss {steps[0]['loss']:.6f}")
@@ -318,6 +256,7 @@ for name, (t, steps) in runs.items():
 # %% [markdown]
 # Output:
 # ```text
+# the full checkpoint holds app.['cursor', 'model', 'optim', 'rng', 'sched']
 # step 1 of the run used batch [25, 6, 15, 30]
 # uninterrupted step 7: batch [27, 21, 11, 5] loss 1.165962
 # weights only  step 7: batch [25, 6, 15, 30] loss 1.301906
@@ -367,10 +306,7 @@ for name, (t, steps) in runs.items():
 # The chain 2 → 1 → 2 follows: this notebook, one process, loads the 2-rank checkpoint,
 # takes step 2 and saves; the next launch (section 5) loads that on 2 ranks and takes step 3.
 #
-# The launch goes through the course's multi-rank kit, `lessons/multirank.py` (lesson 09: a
-# hard timeout, every process of the launch killed however it ends, one log file per rank,
-# `OMP_NUM_THREADS=1`). It keeps the logs of *every attempt*, which the restart drill needs
-# (`section(run, name, attempt)`).
+# The launch goes through the course's multi-rank kit, `lessons/multirank.py` (lesson 09).
 #
 # **Predict.** How many `.distcp` files does a 2-rank save write? Is the reloaded step 2
 # bitwise equal to the uninterrupted one?
@@ -581,14 +517,13 @@ print(f"file size {(ck / 'step1.pt').stat().st_size} bytes")
 # interleave and break the collective-order contract of lesson 09. The worker makes one with
 # `dist.new_group(backend="gloo")`, which also serves a job whose training group is NCCL.
 #
-# Timings alone cannot prove that the write overlaps the step: on a busy machine the
-# background thread may finish before step 3 starts, or only after. So the worker makes the
-# overlap certain. It passes `async_save` a `FileSystemWriter` subclass, `GatedWriter`,
-# whose `write_data` (the method that writes this rank's shard file, which DCP calls from
-# its background thread) first waits on a `threading.Event`. The main thread runs step 3,
-# prints `future.done()`, and only then sets the event. The wait has a timeout (30 s) so
-# that a main thread that died cannot leave the writer hanging. (A `FileSystemWriter` is
-# also `async_save`'s stager: its `stage()` copies the state into new CPU tensors.)
+# Timings alone cannot prove that the write overlaps the step (on a busy machine the
+# background thread may finish before step 3 starts), so the worker makes the overlap
+# certain: its `FileSystemWriter` subclass, `GatedWriter`, has a `write_data` (which writes
+# this rank's shard file, called from DCP's background thread) that first waits, at most
+# 30 s, on a `threading.Event`. The main thread runs step 3, prints `future.done()`, and
+# only then sets the event. (A `FileSystemWriter` is also `async_save`'s stager: its
+# `stage()` copies the state into new CPU tensors.)
 #
 # **Predict.** When step 3 has finished, is the future done? Which thread writes the
 # shards? The state is saved after step 2 and step 3 changes the parameters before the
@@ -644,14 +579,14 @@ print(f"step2 checkpoint holds the step-2 parameters: {equal}")
 # (config, code revision, world size).
 #
 # The *parent*, this notebook, kills a rank from outside. It passes the worker a step
-# (`--hold 9`); on the first attempt, every rank stops there (for a checkpoint step, inside
-# the write, just after its own shard file is on disk), writes its pid and waits. A thread of
-# the parent (`Killer`, in `worker.py`) waits for rank 1's pid and sends it SIGKILL. (The
-# ranks wait so that the kill lands at the same point on every run; the test kills other
-# ranks at other steps.) torchrun runs with `--max-restarts=1`: when a rank fails, it stops
-# the others and starts all ranks again, new processes with `TORCHELASTIC_RESTART_COUNT=1`.
-# The kit sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` for this: without it the restarted
-# ranks' gloo rendezvous read the first attempt's stale addresses (PyTorch issue #135712).
+# (`--hold 9`): on the first attempt every rank stops there (at a checkpoint step, inside
+# the write, once its own shard file is on disk), writes its pid and waits, so that the kill
+# lands at the same point on every run (the tests kill other ranks at other steps). A
+# thread of the parent (`Killer`, in `worker.py`) sends rank 1 SIGKILL. torchrun runs with
+# `--max-restarts=1`: when a rank fails, it stops the others and starts all ranks again,
+# new processes with `TORCHELASTIC_RESTART_COUNT=1` (the kit sets
+# `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, without which the restarted ranks' rendezvous
+# reads the first attempt's stale addresses: PyTorch issue #135712).
 #
 # Which checkpoint is complete? DCP's coordinator writes `.metadata` last, only after every
 # rank's write succeeded, to `.metadata.tmp` first, then renames it (a rename is atomic on
@@ -757,10 +692,9 @@ show(drill, "reference", 1)
 # freshly built and sharded models, and replayed steps 7-9. Step 7 starts epoch 1: its
 # order came from the shuffle generator restored at epoch 0's start and advanced past epoch
 # 0's draw, as in the run that never stopped. Every resumed loss equals the uninterrupted
-# run's and the final parameters are bitwise equal, dropout masks included. The
-# uninterrupted run is computed by the same ranks at the end of attempt 1, from a fresh model,
-# with the same code minus the checkpoints (a third launch would cost several seconds more
-# for the same numbers).
+# run's and the final parameters are bitwise equal, dropout masks included. (The
+# uninterrupted run is computed by the same ranks at the end of attempt 1, from a fresh
+# model, with the same code minus the checkpoints.)
 #
 # Taking the newest folder, `step_9`, would have been wrong: it holds shard files but no
 # index of them. The rule: only a checkpoint that is *known* complete exists. (The new
@@ -782,24 +716,25 @@ show(drill, "reference", 1)
 want = {"app": {"meta": {"config": "", "revision": "", "world": 0}}}
 dcp.load(want, checkpoint_id=drill_dir / "step_6", no_dist=True)  # only these keys are read
 rec = want["app"]["meta"]
-print(f"step_6 was made with world size {rec['world']}, config {rec['config']}")
+made = json.loads(rec["config"])
+print(f"step_6 was made on {rec['world']} ranks with {len(made)} config values, lr {made['lr']}")
 print(f"same code: {rec['revision'] == REVISION}")
 print(f"this config: {compatible(rec, CONFIG, 2)}")
 print(f"lr 0.1:      {compatible(rec, CONFIG | {'lr': 0.1}, 2)}")
 print(f"4 ranks:     {compatible(rec, CONFIG, 4)}")
 drill_meta = dcp.FileSystemReader(drill_dir / "step_6").read_metadata().state_dict_metadata
 scaler = torch.amp.GradScaler("cpu")
-print(f"a GradScaler's state: {scaler.state_dict()}")
+print(f"a GradScaler's state: {sorted(scaler.state_dict())}, scale {scaler.get_scale()}")
 
 # %% [markdown]
 # Output:
 # ```text
-# step_6 was made with world size 2, config {"batch": 8, "data_seed": 42, "dropout": 0.25, "every": 3, "lr": 0.05, "lr_halves_every": 4, "rows": 48, "shuffle_seed": 7, "sizes": [8, 16, 4]}
+# step_6 was made on 2 ranks with 9 config values, lr 0.05
 # same code: True
 # this config: {'config': True, 'code revision': True, 'world size': True}
 # lr 0.1:      {'config': False, 'code revision': True, 'world size': True}
 # 4 ranks:     {'config': True, 'code revision': True, 'world size': False}
-# a GradScaler's state: {'scale': 65536.0, 'growth_factor': 2.0, 'backoff_factor': 0.5, 'growth_interval': 2000, '_growth_tracker': 0}
+# a GradScaler's state: ['_growth_tracker', 'backoff_factor', 'growth_factor', 'growth_interval', 'scale'], scale 65536.0
 # ```
 #
 # A resume that accepted another learning rate, or other code, would go on silently with

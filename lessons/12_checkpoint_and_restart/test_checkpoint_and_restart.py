@@ -152,6 +152,7 @@ def check_drill(run, section, killed_rank, hold):
         pids[attempt, rank] = m[2]
     assert {pids[0, 0], pids[0, 1]}.isdisjoint({pids[1, 0], pids[1, 1]})  # new processes
     assert f"failed (exitcode: -9) local_rank: {killed_rank}" in run.agent, run.agent
+    assert "closing signal SIGTERM" in run.agent, run.agent  # torchrun stopped the other rank
     where = f"in checkpoint {hold}, my shard written" if hold % 3 == 0 else f"after step {hold}"
     for rank in (0, 1):
         assert run.out_of(0)[rank].splitlines()[-1] == f"rank {rank}: holding {where}"
@@ -237,6 +238,7 @@ def test_safetensors_metadata_is_strings_only(tmp_path):
         save_file({"a": torch.ones(1)}, tmp_path / "x.safetensors", metadata={"k": 1})
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch: seconds
 def test_set_rng_state_of_a_row_view_crashes():
     """Why worker.Job clones its RNG row: on 2.13.0 a row view (storage offset > 0) crashed."""
     code = ("import torch; s = torch.stack([torch.get_rng_state()] * 2); "

@@ -4,7 +4,9 @@
         reshard DIR
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 \\
         --max-restarts=1 lessons/12_checkpoint_and_restart/worker.py drill DIR --hold 9
-    ... add --backend nccl on a machine with 2 CUDA devices
+    ... add --backend nccl on a machine with 2 CUDA devices. Use an empty DIR each time.
+    With --hold K the first attempt stops after step K and waits (60 s) for a kill: `kill -9`
+    one of the pids it prints, from another shell.
 
 - `reshard`: one training step of a small FSDP2 model, saved with DCP into DIR/step1 (each
   rank writes its own shards); the uninterrupted steps 2 and 3 are recorded in
@@ -367,7 +369,71 @@ def drill(device, root, one=None, hold_at=None):
 
 
 # ---------------------------------------------------------------------------------------
-# the parent's side of the drill
+# the parent's side: lesson section 2's Trainer, the drill's Killer and figure
+
+
+class Trainer:
+    """Lesson section 2, one process: model + Adam + StepLR + dropout RNG + a shuffling
+    DataLoader with its cursor; state_dict()/load_state_dict() make it Stateful for DCP."""
+
+    def __init__(self, seed=0):
+        torch.manual_seed(seed)
+        self.model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5),
+                                         torch.nn.Linear(8, 1))
+        self.optim = torch.optim.Adam(self.model.parameters(), lr=0.1)
+        self.sched = torch.optim.lr_scheduler.StepLR(self.optim, step_size=4, gamma=0.5)
+        data = torch.randn(32, 5, generator=torch.Generator().manual_seed(42))  # (32, 5)
+        ds = torch.utils.data.TensorDataset(torch.arange(32), data[:, :4], data[:, 4:])
+        self.gen = torch.Generator().manual_seed(7)  # the loader's shuffle generator
+        self.loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True,
+                                                  generator=self.gen)
+        self.step, self.epoch, self.used, self.it = 0, 0, 0, None
+        self.epoch_rng = self.gen.get_state()  # the state that decides this epoch's order
+
+    def batch(self):
+        if self.it is None:  # (re)start the epoch's iterator at the cursor
+            self.gen.set_state(self.epoch_rng)
+            self.it = iter(self.loader)
+            for _ in range(self.used):
+                next(self.it)  # skip what was already consumed
+        try:
+            idx, x, y = next(self.it)
+        except StopIteration:  # a new epoch: record the generator state, then shuffle
+            self.epoch, self.used, self.it = self.epoch + 1, 0, None
+            self.epoch_rng = self.gen.get_state()
+            return self.batch()
+        self.used += 1
+        return idx, x, y
+
+    def train_step(self):
+        idx, x, y = self.batch()  # idx (4,), x (4, 4), y (4, 1)
+        lr = self.optim.param_groups[0]["lr"]
+        self.optim.zero_grad()
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        loss.backward()
+        self.optim.step()
+        self.sched.step()
+        self.step += 1
+        return {"lr": lr, "batch": idx.tolist(), "loss": loss.item()}
+
+    def state_dict(self):
+        msd, osd = get_state_dict(self.model, self.optim)
+        cursor = {"step": self.step, "epoch": self.epoch, "used": self.used,
+                  "epoch_rng": self.epoch_rng}
+        return {"model": msd, "optim": osd, "sched": self.sched.state_dict(),
+                "rng": torch.get_rng_state(), "cursor": cursor}
+
+    def load_state_dict(self, sd):
+        set_state_dict(self.model, self.optim, model_state_dict=sd["model"],
+                       optim_state_dict=sd["optim"])
+        self.sched.load_state_dict(sd["sched"])
+        torch.set_rng_state(sd["rng"])
+        c = sd["cursor"]
+        self.step, self.epoch, self.used = c["step"], c["epoch"], c["used"]
+        self.epoch_rng, self.it = c["epoch_rng"], None
+
+
+# (the drill's parent side)
 
 
 class Killer(threading.Thread):
