@@ -20,7 +20,9 @@
 #   `Schedule1F1B`, equal to the full batch; the order each rank really runs; what
 #   `scale_grads` divides, and how to divide twice by mistake; what unequal micro-batches do;
 # - the pipeline *bubble*, (p−1)/(m+p−1), from a schedule simulator checked against the real
-#   schedules.
+#   schedules;
+# - several stages per rank: `ScheduleInterleaved1F1B` and `ScheduleLoopedBFS`, their orders
+#   pinned on 2.13.0.
 #
 # **Prerequisites:** lesson 09 (process groups, DeviceMesh, DTensor placements, the launcher
 # and worker pattern) and lesson 03 (autograd).
@@ -467,6 +469,58 @@ fig.savefig(HERE / "schedules.png")
 # sends take time too; it measures the structure of the schedule, not this machine.
 
 # %% [markdown]
+# ## 5. More stages than ranks: interleaved 1F1B and looped BFS
+#
+# PyTorch's documentation marks `torch.distributed.pipelining` (migrated from the PiPPy
+# project) as *alpha*: its schedules and their plans may change from one release to the
+# next. So this course pins them: the test asserts every order printed here on 2.13.0, and
+# an upgrade that changes one fails it. Two more schedules give each rank *several* stages
+# ("virtual stages"): the same 7 modules cut into 4 stages, rank 0 holding stages 0 and 2,
+# rank 1 stages 1 and 3, so a micro-batch goes 0 → 1 → 0 → 1 across the ranks. Each takes a
+# *list* of the rank's stages. Actions are written `F<micro-batch>s<stage>`.
+#
+# **Predict.** `ScheduleInterleaved1F1B` prefers the earliest micro-batch ("depth first"),
+# `ScheduleLoopedBFS` the earliest stage ("breadth first"). In what order does rank 0 run
+# its 16 actions under each, and how many (micro-batch, stage) activations does it hold at
+# most?
+
+# %%
+show(run, "pp virtual")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: Interleaved1F1B: ran F0s0 F1s0 F0s2 F1s2 F2s0 B0s2 F3s0 B1s2 F2s2 B0s0 F3s2 B1s0 B2s2 B3s2 B2s0 B3s0
+# rank 0: Interleaved1F1B: ran as planned (pipeline_order): True
+# rank 0: Interleaved1F1B: most activations held at once (micro-batch, stage) 5
+# rank 0: Interleaved1F1B: stages 0, 2 grads max gap «number», below 1e-15: True
+# rank 0: LoopedBFS: ran F0s0 F1s0 F2s0 F3s0 F0s2 F1s2 F2s2 F3s2 B3s2 B2s2 B1s2 B0s2 B3s0 B2s0 B1s0 B0s0
+# rank 0: LoopedBFS: ran as planned (pipeline_order): True
+# rank 0: LoopedBFS: most activations held at once (micro-batch, stage) 8
+# rank 0: LoopedBFS: stages 0, 2 grads max gap «number», below 1e-15: True
+# rank 1: Interleaved1F1B: ran F0s1 F1s1 F0s3 B0s3 F1s3 B1s3 F2s1 B0s1 F3s1 B1s1 F2s3 B2s3 F3s3 B3s3 B2s1 B3s1
+# rank 1: Interleaved1F1B: ran as planned (pipeline_order): True
+# rank 1: Interleaved1F1B: most activations held at once (micro-batch, stage) 3
+# rank 1: Interleaved1F1B: stages 1, 3 grads max gap «number», below 1e-15: True
+# rank 1: LoopedBFS: ran F0s1 F1s1 F2s1 F3s1 F0s3 F1s3 F2s3 F3s3 B3s3 B2s3 B1s3 B0s3 B3s1 B2s1 B1s1 B0s1
+# rank 1: LoopedBFS: ran as planned (pipeline_order): True
+# rank 1: LoopedBFS: most activations held at once (micro-batch, stage) 8
+# rank 1: LoopedBFS: stages 1, 3 grads max gap «number», below 1e-15: True
+# ```
+#
+# Both give the full-batch gradients again. Unlike `Schedule1F1B`, these multi-stage
+# schedules execute their `pipeline_order` action by action, so plan and run agree. What
+# they change is the order. Interleaved 1F1B moves micro-batch 0 on to stage 2 as soon as
+# it can and starts backwards early: rank 0 holds at most 5 activations of its 8
+# (micro-batch, stage) pairs. Looped BFS runs every micro-batch through stage 0, then every
+# one through stage 2, then all backwards in reverse: it holds all 8, like GPipe. Why cut
+# a rank's layers into non-adjacent stages at all? Each stage is smaller, so the first
+# micro-batch reaches the last rank sooner and the pipeline fills and drains in less time:
+# the aim is a smaller bubble (the papers in the classes' docstrings), paid for with more
+# sends per micro-batch, one per stage boundary (3 here instead of 1). Section 4's
+# simulator models one stage per rank, so this lesson does not measure that bubble.
+
+# %% [markdown]
 # ## Summary
 #
 # - Tensor parallelism splits each layer: `ColwiseParallel` shards `nn.Linear.weight`
@@ -486,6 +540,9 @@ fig.savefig(HERE / "schedules.png")
 #   groups a short one.
 # - Both schedules idle for the same bubble, (p−1)/(m+p−1) of the step: more micro-batches
 #   shrink it.
+# - With several stages per rank, interleaved 1F1B (depth first) holds fewer activations
+#   than looped BFS (breadth first); both run their plan as written. Pipelining is alpha in
+#   PyTorch: the test pins every order on 2.13.0.
 #
 # ## Exercises
 #

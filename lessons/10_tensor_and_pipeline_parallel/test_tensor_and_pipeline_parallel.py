@@ -124,6 +124,27 @@ def scale_ratios(lesson):
     return found
 
 
+PINNED = {  # pipelining is alpha: every order of the multi-stage schedules on 2.13.0
+    (0, "Interleaved1F1B"): "F0s0 F1s0 F0s2 F1s2 F2s0 B0s2 F3s0 B1s2 F2s2 B0s0 F3s2 B1s0 B2s2 B3s2 B2s0 B3s0",
+    (0, "LoopedBFS"): "F0s0 F1s0 F2s0 F3s0 F0s2 F1s2 F2s2 F3s2 B3s2 B2s2 B1s2 B0s2 B3s0 B2s0 B1s0 B0s0",
+    (1, "Interleaved1F1B"): "F0s1 F1s1 F0s3 B0s3 F1s3 B1s3 F2s1 B0s1 F3s1 B1s1 F2s3 B2s3 F3s3 B3s3 B2s1 B3s1",
+    (1, "LoopedBFS"): "F0s1 F1s1 F2s1 F3s1 F0s3 F1s3 F2s3 F3s3 B3s3 B2s3 B1s3 B0s3 B3s1 B2s1 B1s1 B0s1",
+}
+
+
+def test_virtual_stage_schedules_are_pinned(lesson):
+    held = {(0, "Interleaved1F1B"): 5, (0, "LoopedBFS"): 8, (1, "Interleaved1F1B"): 3, (1, "LoopedBFS"): 8}
+    for (rank, kind), order in PINNED.items():
+        got = lines(lesson, "pp virtual", rank)
+        assert f"rank {rank}: {kind}: ran {order}" in got, got
+        assert f"rank {rank}: {kind}: ran as planned (pipeline_order): True" in got
+        assert f"rank {rank}: {kind}: most activations held at once (micro-batch, stage) {held[rank, kind]}" in got
+        count = [sum(1 if a[0] == "F" else -1 for a in order.split()[: i + 1]) for i in range(16)]
+        assert max(count) == held[rank, kind] and count[-1] == 0  # forwards not yet backwarded
+        found = gaps(x for x in got if x.startswith(f"rank {rank}: {kind}: stages"))
+        assert len(found) == 1 and found[0] < 1e-15
+
+
 def test_scale_grads_divides_once(lesson):
     expected = {"mean loss, scale_grads=True": 1.0, "mean loss / 4, scale_grads=True": 0.25,
                 "sum loss, scale_grads=True": 0.25, "sum loss, scale_grads=False": 1.0}

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                         ScheduleInterleaved1F1B, ScheduleLoopedBFS)
 from torch.distributed.pipelining.schedules import _ComputationType
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.debug import CommDebugMode
@@ -208,16 +209,16 @@ def quarter_loss(out, y):  # "I split the batch in 4, so I divide by 4" (scale_g
     return mean_loss(out, y) / MICRO
 
 
-def record(stage, log):
+def record(stage, log, tag=""):
     """Log the order in which the schedule really calls forward and backward on this stage."""
     fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
 
     def forward_one_chunk(i, *args, **kwargs):
-        log.append(f"F{i}")
+        log.append(f"F{i}{tag}")
         return fwd(i, *args, **kwargs)
 
     def backward_one_chunk(i, *args, **kwargs):
-        log.append(f"B{i}")
+        log.append(f"B{i}{tag}")
         return bwd(i, *args, **kwargs)
 
     stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
@@ -303,6 +304,46 @@ def show_scale_grads(device):
         say(f"{label.strip()}: grad / full-batch {ref_fn.__name__} grad in [{low:.6f}, {high:.6f}]")
 
 
+VIRTUAL = {"Interleaved1F1B": ScheduleInterleaved1F1B, "LoopedBFS": ScheduleLoopedBFS}
+CUTS = [(0, 2), (2, 4), (4, 6), (6, 7)]  # 4 stages of the 7 modules: 2 per rank
+
+
+def label(action):
+    """An action of a multi-stage plan as F<micro-batch>s<stage>, e.g. F0s2."""
+    kinds = {_ComputationType.FORWARD: "F", _ComputationType.FULL_BACKWARD: "B"}
+    return f"{kinds[action.computation_type]}{action.microbatch_index}s{action.stage_index}"
+
+
+def virtual_run(kind, device):
+    """Stages r and r + 2 on rank r: the plan, the order really run, the grads' max gap."""
+    rank, layers = dist.get_rank(), list(pp_model(device).children())
+    mods = [nn.Sequential(*layers[a:b]) for a, b in CUTS]
+    stages = [PipelineStage(mods[i], i, 4, device) for i in (rank, rank + 2)]
+    schedule = VIRTUAL[kind](stages, n_microbatches=MICRO, loss_fn=mean_loss)
+    log = []
+    for st in stages:
+        record(st, log, f"s{st.stage_index}")
+    x, y = pp_data(device)
+    schedule.step(x) if rank == 0 else schedule.step(target=y, losses=[])
+    plan = [label(a) for a in schedule.pipeline_order[rank] if a is not None]
+    return plan, log, mods
+
+
+def show_virtual(device):
+    heading("pp virtual")
+    rank, full = dist.get_rank(), pp_model(device)
+    mean_loss(full(pp_data(device)[0]), pp_data(device)[1]).backward()  # the one-process grads
+    layers = list(full.children())
+    ref = [p.grad for i in (rank, rank + 2) for p in nn.Sequential(*layers[slice(*CUTS[i])]).parameters()]
+    for kind in VIRTUAL:
+        plan, log, mods = virtual_run(kind, device)
+        say(f"{kind}: ran {' '.join(log)}")
+        say(f"{kind}: ran as planned (pipeline_order): {log == plan}")
+        say(f"{kind}: most activations held at once (micro-batch, stage) {in_flight(log)}")
+        mine = [p for i in (rank, rank + 2) for p in mods[i].parameters()]
+        say(f"{kind}: stages {rank}, {rank + 2} grads max gap {below(max(gap(p.grad, g) for p, g in zip(mine, ref)))}")
+
+
 def show_unequal():
     heading("unequal")
     shared(f"batch 10 into {MICRO} micro-batches: torch.tensor_split sizes "
@@ -331,6 +372,7 @@ def run_tp(device):
 def run_pp(device):
     show_schedules(device)
     show_scale_grads(device)
+    show_virtual(device)
     show_unequal()
     return 0
 
