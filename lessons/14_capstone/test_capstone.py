@@ -8,10 +8,14 @@ trainer larger on one GPU (bf16, compiled, flash attention), recorded for the GP
 The narrative launches ranks, so the tests here are `multirank` (that no rank outlives the
 lesson, the killed attempt's included, is the `lesson` fixture's check)."""
 
+import contextlib
 import math
+import os
 import re
+import signal
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +23,8 @@ import pytest
 import torch
 
 from scripts import make_reversal
-from scripts.multirank import launch
+from scripts.multirank import launch, running
+from scripts.pytest_course import import_file
 
 pytestmark = pytest.mark.multirank
 HERE = Path(__file__).parent
@@ -210,33 +215,49 @@ def test_shuffler_state_in_process(exercise_module):
     assert all(torch.equal(a, b) for a, b in zip(got, later))
 
 
+@contextlib.contextmanager
+def killer(root, rank):
+    """While a drill runs: SIGKILL rank `rank` once it has paused (the lesson's parent does
+    the same in `kill_when_paused`; written out here so the exercise runs without the lesson)."""
+    done, killed = threading.Event(), []
+
+    def watch():
+        flag = root / f"paused.rank{rank}"
+        while not done.wait(0.05):
+            if flag.exists():
+                killed.append(int(flag.read_text()))
+                os.kill(killed[-1], signal.SIGKILL)
+                return
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    try:
+        yield killed
+    finally:
+        done.set()
+        thread.join()
+
+
 @pytest.mark.exercise("Shuffler")
-def test_shuffler_state_through_the_drill(lesson, exercise_module):
+def test_shuffler_state_through_the_drill(exercise_module):
     exercise_module.Shuffler(10, 2).state_dict()  # a stub says "not attempted" here
-    threading = lesson.ns["threading"]
-    with tempfile.TemporaryDirectory() as tmp:
-        # 2000 rows / 64 = 31 batches an epoch: the kill after step 40 resumes from step_33,
-        # in the second epoch; the lesson's parent-side killer takes rank 1 this time
-        done, killed = threading.Event(), []
-        killer = threading.Thread(target=lesson.ns["kill_when_paused"], args=(Path(tmp), 1, done, killed))
-        killer.start()
-        try:
-            run = launch(WORKER, ["drill", tmp, "--steps", "44", "--every", "11", "--stop-at", "40",
-                                  "--shuffler", exercise_module.__file__], restarts=1, timeout=180)
-        finally:
-            done.set()
-            killer.join()
+    with tempfile.TemporaryDirectory() as tmp, killer(Path(tmp), 1) as killed:
+        # 2000 rows / 64 = 31 batches an epoch: the kill after step 34 resumes from step_33,
+        # in the second epoch
+        run = launch(WORKER, ["drill", tmp, "--steps", "36", "--every", "11", "--stop-at", "34",
+                              "--shuffler", exercise_module.__file__], restarts=1, timeout=180)
     assert run.ok and run.attempts == [0, 1] and len(killed) == 1, run.describe()
     out = run.out[0].splitlines()
     assert "rank 0: resumed from step_33: next step 34" in out, run.describe()
     assert out[-1] == "rank 0: final parameters bitwise equal to the uninterrupted run: True", run.describe()
+    assert running(WORKER) == []
 
 
 # ----------------------------------------------------------------------------------------
 # GPU: the same trainer, larger, on one CUDA device (unverified here: no GPU on the course's
 # build machines)
 
-GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # datasheets, dense bf16 FLOP/s
+GPU_PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}  # datasheets: dense bf16
 
 
 def gpu_peak(name):
@@ -256,18 +277,19 @@ def gpu_peak(name):
 
 
 @pytest.mark.cuda
-def test_gpu_larger_trainer(lesson, record_property):
+def test_gpu_larger_trainer(record_property):
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
 
-    gpt = lesson.ns["gpt"]
+    gpt = import_file(HERE / "gpt.py")  # the lesson's model and data, without running the lesson
     size = {"width": 512, "heads": 8, "layers": 8}  # head dimension 64: flash attention's kind
     batch, steps = 2048, 60
-    train, held = lesson.ns["TRAIN"].cuda(), lesson.ns["HELD"].cuda()
+    data = gpt.load()
+    train, held = data["train"].cuda(), data["heldout"].cuda()
     model = gpt.build(seed=0, **size).cuda()
     opt = gpt.optimizer(model, lr=1e-3)
     x, _ = gpt.split(train[:batch])
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), torch.autocast("cuda", dtype=torch.bfloat16):
-        from torch.utils.flop_counter import FlopCounterMode
         with FlopCounterMode(display=False) as counter:  # eager: the same math, counted
             gpt.loss_fn(model, train[:batch]).backward()
         opt.zero_grad(set_to_none=True)
@@ -285,7 +307,8 @@ def test_gpu_larger_trainer(lesson, record_property):
     peak, source = gpu_peak(torch.cuda.get_device_name())
     mfu = counter.get_total_flops() / step_s / peak
     acc = gpt.exact_match(model, held)
-    first, last = gpt.loss_fn(gpt.build(seed=0, **size).cuda(), held).item(), gpt.loss_fn(model, held).item()
+    with torch.no_grad():
+        first, last = gpt.loss_fn(gpt.build(seed=0, **size).cuda(), held).item(), gpt.loss_fn(model, held).item()
     record_property("tokens/s [tokens/s]", round(tokens_per_s))
     record_property("step [ms]", round(step_s * 1e3, 3))
     record_property("MFU [%]", round(100 * mfu, 2))
@@ -295,4 +318,4 @@ def test_gpu_larger_trainer(lesson, record_property):
     print(f"cuda: {tokens_per_s:,.0f} tokens/s, step {step_s * 1e3:.2f} ms, MFU {mfu:.2%} of {peak / 1e12:.0f} "
           f"TFLOP/s ({source}), held-out exact match {acc:.1%}")
     assert 0 < mfu < 1
-    assert last < 0.5 * first  # it trained (the accuracy is recorded, not asserted: unverified)
+    assert last < 0.8 * first  # it trained (the accuracy is recorded, not asserted: unverified)
