@@ -140,6 +140,17 @@ def test_memory_accounting(lesson):
     assert f"rank 0: unit sizes (elements): root {ROOT}, block {BLOCK}" in lines(lesson, "memory")
 
 
+def test_ddp_knobs(lesson):
+    got = lines(lesson, "ddp knobs")
+    assert lines(lesson, "ddp knobs", 1) == []  # the same on both ranks: printed by rank 0
+    assert the(got, "rank 0: unused layer, DDP(defaults): RuntimeError: Expected to have finished reduction")
+    for knob in ("find_unused_parameters=True", "static_graph=True"):
+        assert f"rank 0: unused layer, DDP({knob}): 2 backward passes ran, spare.weight.grad None" in got
+    hook = the(got, "rank 0: fp16_compress_hook:")
+    assert f"bytes all-reduced {2 * N_PARAMS} vs {4 * N_PARAMS};" in hook
+    assert hook.endswith("above 1e-6: True, below 1e-3: True"), hook
+
+
 def test_reshard_after_forward_int_is_a_group_size(lesson):
     got = lines(lesson, "reshard int")
     full, sharded = "'full'", "'shard'"

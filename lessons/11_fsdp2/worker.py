@@ -32,6 +32,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard,
                                     register_fsdp_forward_method)
 from torch.distributed.tensor import DTensor
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -158,6 +159,45 @@ def show_ddp(device):
     gap = grad_gap(acc.module, accumulated_reference(tokens, device))
     shared(f"no_sync accumulation vs manual accumulation: max grad gap {below(gap, 1e-15)}")
     return n
+
+
+def unused_steps(kw, device, tokens):
+    """Two backward passes of a DDP model with a layer its forward never calls."""
+    model = make_model(torch.float32, device)
+    model.spare = nn.Linear(D, D)  # registered, never called: no gradient ever
+    ddp = DDP(model, **kw)
+    try:
+        for _ in range(2):
+            loss_fn(ddp, tokens).backward()
+    except RuntimeError as err:
+        return f"RuntimeError: {str(err).split('. ')[0]}"
+    return f"2 backward passes ran, spare.weight.grad {ddp.module.spare.weight.grad}"
+
+
+def compressed_grads(device, tokens, hook=None):
+    """DDP grads (fp32 model) and the bytes each bucket all-reduce sent, with an optional hook."""
+    ddp, sent = DDP(make_model(torch.float32, device)), []
+    if hook is not None:
+        def counting(state, bucket):  # the hook casts the bucket, then all-reduces the copy
+            sent.append(bucket.buffer().numel() * 2)  # fp16: 2 bytes per element
+            return hook(state, bucket)
+        ddp.register_comm_hook(None, counting)
+    loss_fn(ddp, tokens).backward()
+    grads = [p.grad for p in ddp.parameters()]
+    return grads, sum(sent) or 4 * sum(g.numel() for g in grads)
+
+
+def show_ddp_knobs(device):
+    heading("ddp knobs")
+    _, mine = batch(device)
+    for kw in ({}, {"find_unused_parameters": True}, {"static_graph": True}):
+        shared(f"unused layer, DDP({', '.join(f'{k}={v}' for k, v in kw.items()) or 'defaults'}): "
+               f"{unused_steps(kw, device, mine)}")
+    exact, full = compressed_grads(device, mine)
+    half, small = compressed_grads(device, mine, default_hooks.fp16_compress_hook)
+    rel = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(half, exact))
+    shared(f"fp16_compress_hook: bytes all-reduced {small} vs {full}; largest grad gap, "
+           f"relative to the tensor's largest grad, above 1e-6: {rel > 1e-6}, below 1e-3: {rel < 1e-3}")
 
 
 # ----------------------------------------------------------------------------- FSDP2
@@ -471,6 +511,7 @@ def show_cuda_memory(mesh, device):
 
 def main_part(device):
     show_ddp(device)
+    show_ddp_knobs(device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
     show_placements(mesh, device)
     show_step(mesh, device)
