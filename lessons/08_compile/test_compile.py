@@ -502,3 +502,33 @@ def test_compile_modes():
     assert list_mode_options("reduce-overhead") == {"triton.cudagraphs": True}
     assert list_mode_options("max-autotune-no-cudagraphs").get("max_autotune") is True
     assert callable(torch.compiler.cudagraph_mark_step_begin)
+
+
+def test_other_stances_and_the_old_limit_name(lesson):
+    """The prose: `cache_size_limit` still reads the recompile limit; "force_eager" ignores
+    torch.compile; "eager_on_recompile" runs a would-be recompile eagerly."""
+    assert dynamo.config.cache_size_limit == dynamo.config.recompile_limit == 8
+
+    def fresh(x):
+        return x * 3
+
+    dynamo.reset()
+    counting = Counting()
+    cf = torch.compile(fresh, backend=counting)
+    with torch.compiler.set_stance("force_eager"):
+        assert torch.equal(cf(torch.ones(3)), fresh(torch.ones(3)))
+    assert counting.graphs == []
+    cf(torch.ones(3))  # compiles: one graph
+    with torch.compiler.set_stance("eager_on_recompile"):
+        assert torch.equal(cf(torch.ones(2, 2)), fresh(torch.ones(2, 2)))  # a new rank, run eagerly
+    assert len(counting.graphs) == 1
+
+
+def test_capture_scalar_outputs_keeps_item_in_the_graph(lesson):
+    """The prose's advice: with capture_scalar_outputs the .item() break disappears (the
+    print and the data-dependent branch remain)."""
+    dynamo.reset()
+    with dynamo.config.patch(capture_scalar_outputs=True):
+        report = dynamo.explain(lesson.ns["h"])(torch.ones(3))
+    reasons = [b.reason for b in report.break_reasons]
+    assert not any("Tensor.item()" in r for r in reasons), reasons
