@@ -1160,7 +1160,7 @@ except ValueError as err:
 # through a pinned staging buffer, and the CPU waits for it. `pin_memory=True` makes the
 # loader put each batch in pinned memory itself; then
 # `batch.to("cuda", non_blocking=True)` can return at once while the copy proceeds, and
-# overlap with the GPU's work (lesson 06 times it).
+# overlap with the GPU's work (lesson 06's GPU tests measure it).
 #
 # **Predict.** Does `pin_memory=True` give pinned batches on your machine? On one without
 # a GPU?
