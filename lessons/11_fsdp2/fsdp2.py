@@ -209,6 +209,33 @@ show(run, "step")
 # update by a sizeable fraction of 0.01. Rounding in the gradient is amplified, not damped,
 # which is why the exactness claims in this lesson are made in float64. The optimizer's
 # state is DTensor `Shard(0)` as well: AdamW never sees a full tensor.
+#
+# `Shard(0)` is only the default. `fully_shard(..., shard_placement_fn=fn)` calls `fn` on
+# each parameter and uses the `Shard(dim)` it returns (`None`: the default). Here `fn`
+# returns `Shard(1)` for every 2-D weight, so each rank holds some *input* features of
+# every row instead of some rows.
+#
+# **Predict.** Local shapes of `head.weight` (64, 32) and `head.bias` (64)? Does the step
+# still equal one process?
+
+# %%
+show(run, "placement fn")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: head.weight: global [64, 32] S(1), local [64, 16]
+# rank 0: head.bias: global [64] S(0), local [32]
+# rank 0: embed.weight: global [64, 32] S(1), local [64, 16]
+# rank 0: one AdamW step vs one process: max gap «number», below 1e-12: True
+# rank 1: head.weight: global [64, 32] S(1), local [64, 16]
+# rank 1: head.bias: global [64] S(0), local [32]
+# rank 1: embed.weight: global [64, 32] S(1), local [64, 16]
+# ```
+#
+# The weights are split by columns, the 1-D biases and norms keep `Shard(0)`, and the float64
+# step still matches one process to rounding: the placement changes which elements a rank
+# stores and updates, not the math, since AdamW is elementwise.
 
 # %% [markdown]
 # ## 4. The hooks live on `__call__`

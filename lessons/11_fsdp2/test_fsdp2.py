@@ -140,6 +140,16 @@ def test_memory_accounting(lesson):
     assert f"rank 0: unit sizes (elements): root {ROOT}, block {BLOCK}" in lines(lesson, "memory")
 
 
+def test_shard_placement_fn_shards_weights_by_columns(lesson):
+    for rank in (0, 1):
+        got = lines(lesson, "placement fn", rank)
+        assert f"rank {rank}: head.weight: global [64, 32] S(1), local [64, 16]" in got
+        assert f"rank {rank}: head.bias: global [64] S(0), local [32]" in got
+        assert f"rank {rank}: embed.weight: global [64, 32] S(1), local [64, 16]" in got
+    found = [x for x in lines(lesson, "placement fn") if "one AdamW step" in x]
+    assert len(found) == 1 and number(found[0], "max gap ") < 1e-12 and found[0].endswith("True")
+
+
 def test_ddp_knobs(lesson):
     got = lines(lesson, "ddp knobs")
     assert lines(lesson, "ddp knobs", 1) == []  # the same on both ranks: printed by rank 0

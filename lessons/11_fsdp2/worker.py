@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard,
                                     register_fsdp_forward_method)
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -244,6 +244,24 @@ def root_grads(model, ref):
              if not n.startswith("blocks.")]
     gaps = [(full(p.grad) - q.grad).abs().max().item() for p, q in pairs if p.grad is not None]
     return f"{len(gaps)} of {len(pairs)}, max gap {below(max(gaps, default=float('nan')), 1e-15)}"
+
+
+def by_columns(param):
+    """shard_placement_fn: 2-D weights split along dim 1 (their input features); None: Shard(0)."""
+    return Shard(1) if param.ndim == 2 else None
+
+
+def show_placement_fn(mesh, device):
+    heading("placement fn")
+    tokens, mine = batch(device)
+    ref = make_model(torch.float64, device)
+    adamw_step(ref, tokens)
+    model = shard(make_model(torch.float64, device), mesh=mesh, shard_placement_fn=by_columns)
+    for name in ("head.weight", "head.bias", "embed.weight"):
+        p = model.get_parameter(name)
+        say(f"{name}: global {list(p.shape)} {p.placements[0]}, local {list(p.to_local().shape)}")
+    adamw_step(model, mine)
+    shared(f"one AdamW step vs one process: max gap {below(max_gap(model, ref), 1e-12)}")
 
 
 def show_hooks(mesh, device):
@@ -515,6 +533,7 @@ def main_part(device):
     mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
     show_placements(mesh, device)
     show_step(mesh, device)
+    show_placement_fn(mesh, device)
     show_hooks(mesh, device)
     show_reshard(mesh, device)
     show_reshard_int(mesh, device)
