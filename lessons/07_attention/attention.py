@@ -28,9 +28,10 @@
 # lesson's run time (the cell prints how long), far less once the cache
 # (`TORCHINDUCTOR_CACHE_DIR`, set by the course tools) holds the generated code. Where
 # PyTorch refuses to compile FlexAttention for the CPU (no AVX2, or macOS: Apple silicon,
-# Intel Macs, Arm Linux), that cell prints PyTorch's reason and skips. Each printing cell is followed by an *Output* block: what it printed with
-# the pinned PyTorch (2.13.0), checked by `make test`; parts that depend on the machine
-# appear there as `«time»` or `«number»`.
+# Intel Macs, Arm Linux), that cell prints PyTorch's reason and skips. Each printing cell
+# is followed by an *Output* block: what it printed with the pinned PyTorch (2.13.0),
+# checked by `make test`; parts that depend on the machine appear there as `«time»` or
+# `«number»`.
 
 # %%
 import contextlib
@@ -196,6 +197,43 @@ for name, a, b in zip(["out", "dQ", "dK", "dV"], (out_sdpa, *grads_sdpa), (out_r
 # as placeholders; they are rounding-level (the test asserts below 1e-12). The math
 # backend is the reference that every fused kernel is tested against; keep it in mind when
 # a fused result looks odd.
+#
+# **Predict.** For backward, autograd keeps tensors from the forward. Does the CPU flash
+# kernel keep the (S, S) probabilities, as the math backend must?
+
+
+# %%
+def saved_shapes(fn, seen=None):
+    """Shapes of every tensor autograd saved for backward in the graph behind grad_fn fn."""
+    seen = set() if seen is None else seen
+    if fn is None or fn in seen:
+        return []
+    seen.add(fn)
+    here = [tuple(getattr(fn, a).shape) for a in dir(fn)
+            if a.startswith("_saved_") and isinstance(getattr(fn, a), torch.Tensor)]
+    return here + [s for nxt, _ in fn.next_functions for s in saved_shapes(nxt, seen)]
+
+
+seeded = torch.Generator().manual_seed(1)  # its own stream: the cells below keep their numbers
+qs = torch.randn(1, 2, 64, 16, generator=seeded, requires_grad=True)  # (B, H, S, D), S = 64
+for backend in ("MATH", "FLASH_ATTENTION"):
+    with sdpa_kernel(SDPBackend.__members__[backend]):
+        o = F.scaled_dot_product_attention(qs, qs, qs)
+    shapes = sorted(set(saved_shapes(o.grad_fn)))
+    print(f"{backend:<15} {o.grad_fn.name()}: saves {shapes}")
+
+# %% [markdown]
+# Output:
+# ```text
+# MATH            UnsafeViewBackward0: saves [(1, 2, 64, 64), (2, 16, 64), (2, 64, 16), (2, 64, 64)]
+# FLASH_ATTENTION ScaledDotProductFlashAttentionForCpuBackward0: saves [(1, 2, 64), (1, 2, 64, 16)]
+# ```
+#
+# The math backend's graph saves (S, S) tensors, the softmax's result and the probabilities
+# for the product with V: memory that grows as S². The flash kernel's single backward node
+# saves Q, K, V and the output, (B, H, S, D) each, plus one number per query row (the
+# log-sum-exp of its scores, shape (B, H, S)). From those its backward recomputes the
+# scores tile by tile, which is the recomputation of section 1.
 
 # %% [markdown]
 # ## 3. Masks: True means keep (and `key_padding_mask` says the opposite)
@@ -434,7 +472,7 @@ for backend in ("FLASH_ATTENTION", "MATH"):
 # %%
 def gqa_try(hq, hk, hv, backend=None):
     """enable_gqa SDPA with these head counts: the output's head count, or the error."""
-    q, k, v = torch.randn(1, hq, 5, 8), torch.randn(1, hk, 5, 8), torch.randn(1, hv, 5, 8)  # (B, H, S, D)
+    q, k, v = (torch.randn(1, h, 5, 8) for h in (hq, hk, hv))  # (B, H, S, D)
     ctx = sdpa_kernel(SDPBackend.__members__[backend]) if backend else contextlib.nullcontext()
     try:
         with ctx, warnings.catch_warnings():

@@ -546,3 +546,15 @@ def test_no_viable_backend_message():
     x = torch.randn(1, 2, 4, 8)
     with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), pytest.raises(RuntimeError, match="turning off both the math kernel and the fused kernels"):
         F.scaled_dot_product_attention(x, x, x)
+
+
+def test_flash_saves_no_scores(lesson):
+    ns = lesson.ns
+    qs = ns["qs"]
+    S = qs.shape[2]
+    for backend, has_scores in (("MATH", True), ("FLASH_ATTENTION", False)):
+        with sdpa_kernel(SDPBackend.__members__[backend]):
+            o = F.scaled_dot_product_attention(qs, qs, qs)
+        shapes = ns["saved_shapes"](o.grad_fn)
+        assert any(s[-2:] == (S, S) for s in shapes) == has_scores, (backend, shapes)
+    assert (1, 2, S) in shapes  # flash: one log-sum-exp per query row
