@@ -498,8 +498,8 @@ print(f"with core ATen decompositions: {aot_forward_ops(scaled_silu, torch.randn
 # out-of-place twin: `add_` became `add`, so the graph is pure data flow and the compiler
 # may reorder and fuse freely (a mutation of an *input* would also add a `copy_` back at the
 # end: lesson 02 shows it). *Decomposition* rewrites ops into smaller ones from a table:
-# with the core ATen table, `silu` becomes `sigmoid` and `mul`. Inductor passes its own
-# table, so it sees a graph of a few hundred basic ops instead of PyTorch's two thousand.
+# with the core ATen table, `silu` becomes `sigmoid` and `mul`. Inductor passes a table of
+# its own, so what it lowers is written in fewer, simpler ops than the model was.
 # `aot_autograd` (in `torch._dynamo.backends.common`) builds such a backend from a function
 # that receives each graph; `aot_eager` is one with a compiler that just runs it.
 #
@@ -887,8 +887,8 @@ print(f"compiled allclose to eager (1e-5): {same}")
 #   lesson checks that `clone` keeps pace with `copy_` on a 256 MiB tensor). On a CPU,
 #   reuse buffers (`out=`) for large results in hot loops.
 #
-# The results agree with eager to 1e-5, not necessarily bit for bit: Inductor's vectorised
-# `erf` is not ATen's, and a fused loop may round in another order.
+# The results agree with eager to 1e-5, not necessarily bit for bit: Inductor's generated
+# loop computes each function with its own code, and may round in another order.
 
 # %% [markdown]
 # ## 7. Picture it

@@ -532,3 +532,23 @@ def test_capture_scalar_outputs_keeps_item_in_the_graph(lesson):
         report = dynamo.explain(lesson.ns["h"])(torch.ones(3))
     reasons = [b.reason for b in report.break_reasons]
     assert not any("Tensor.item()" in r for r in reasons), reasons
+
+
+def test_tensor_guards_dtype_stride_not_values(lesson):
+    """The prose: tensor inputs are guarded on dtype, device, rank, sizes and strides, not
+    on values (sizes and rank are shown in the lesson)."""
+
+    def fresh(x):
+        return x * 2
+
+    dynamo.reset()
+    counting = Counting()
+    cf = torch.compile(fresh, backend=counting, dynamic=False)
+    x = torch.randn(4, 4)
+    cf(x)
+    cf(torch.randn(4, 4))  # new values: no new graph
+    assert len(counting.graphs) == 1
+    cf(x.double())  # new dtype
+    assert len(counting.graphs) == 2
+    cf(x.t())  # same sizes, other strides
+    assert len(counting.graphs) == 3
