@@ -146,7 +146,7 @@ for (name, p), q in zip(model.named_parameters(), fresh.parameters()):
 # Exactly equal, every element of every tensor: the restored model and optimizer hold the
 # same bits as the uninterrupted ones after update 1, and update 2 is the same arithmetic on
 # the same bits. A restore is a correct one only when it is *bitwise*: "close" would hide a
-# missing piece of state (the last sections show what that looks like). DCP wrote two files:
+# missing piece of state (section 2 shows what that looks like). DCP wrote two files:
 # `__0_0.distcp` holds the bytes written by rank 0 (here the only process), `.metadata`
 # says where every tensor is. `no_dist=True` says there is no process group; DCP also warns
 # "assuming the intent is to save/load in a single process" (a `UserWarning` it always

@@ -54,7 +54,9 @@ def test_notebook_outputs(lesson_notebook):
 def test_metadata_lists_model_and_optimizer(lesson):
     one = lesson.ns["meta"].state_dict_metadata  # section 1's single-process checkpoint
     assert {"model.weight", "model.bias", "optim.state.weight.step", "optim.state.weight.exp_avg",
-            "optim.state.weight.exp_avg_sq", "optim.param_groups.0.lr"} <= set(one)
+            "optim.state.weight.exp_avg_sq", "optim.param_groups.0.lr",
+            "optim.param_groups.0.betas", "optim.param_groups.0.params"} <= set(one)
+    assert not hasattr(one["optim.param_groups.0.betas"], "size")  # pickled bytes, not a tensor
     assert list(one["model.weight"].size) == [2, 4] and list(one["optim.state.bias.exp_avg_sq"].size) == [2]
     meta = lesson.ns["sharded"]  # the 2-rank checkpoint's
     keys = set(meta.state_dict_metadata)
