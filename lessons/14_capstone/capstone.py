@@ -27,11 +27,11 @@
 # **How to run:** `python lessons/14_capstone/capstone.py` or `make lesson N=14` from the
 # repository root, or open `capstone.ipynb`. The model, the data and the training step live
 # in `gpt.py` next to this file, because the 2-rank stage's ranks (`worker.py`) import the
-# very same definitions; read it first, it is short. The script took 20-40 s on this
-# 2-core machine (shared with other jobs) with a warm Inductor cache; the first
-# `torch.compile` on a machine writes and compiles C++ kernels, which added 22-65 s. Each
-# printing cell is followed by an *Output* block: what it printed with the pinned PyTorch
-# (2.13.0), checked by `make test`.
+# very same definitions; read it first, it is short. With a warm Inductor cache the script
+# took from 22 s to a minute on the course's 2-core machine, depending on what else ran
+# on it; the first `torch.compile` on a machine writes and compiles C++ kernels, which
+# added 22-65 s there. Each printing cell is followed by an *Output* block: what it
+# printed with the pinned PyTorch (2.13.0), checked by `make test`.
 
 # %%
 import atexit
@@ -123,8 +123,9 @@ print(f"uniform guess: loss ln 11 = {math.log(11):.3f}")
 # `gpt.GPT` is a decoder-only transformer of the kind lessons 07 and 11 used:
 #
 # - a token embedding (11 × 32) and a learned position embedding (12 × 32), added;
-# - 2 **pre-norm** blocks: `x + attention(LayerNorm(x))`, then `x + MLP(LayerNorm(x))`;
-#   the residual stream `x` is never normalised itself, which keeps deep stacks trainable;
+# - 2 **pre-norm** blocks (the arrangement of GPT-2 and its successors):
+#   `x + attention(LayerNorm(x))`, then `x + MLP(LayerNorm(x))`; each block adds to the
+#   residual stream `x` and never normalises `x` itself;
 # - attention with 4 heads of 8 dimensions through `F.scaled_dot_product_attention(...,
 #   is_causal=True)` (lesson 07): position i attends to positions 0..i only;
 # - a final LayerNorm and the output layer **tied** to the token embedding: logits are
