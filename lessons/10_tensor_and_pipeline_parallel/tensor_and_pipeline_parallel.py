@@ -318,8 +318,8 @@ show(run, "unequal")
 # from the shapes of the first micro-batch (3 samples); micro-batch 2 has 2, so its loss
 # compares a 3-row output with a 2-row target and raises at once. Stage 0 knows nothing of
 # that: it has sent its 4 forwards and waits for a gradient that will never come, until the
-# timeout of the process group its stage uses. With the default group's 30 s (or gloo's
-# default, 30 minutes) that is a long silent wait; the worker gives this demo's stages a
+# timeout of the process group its stage uses. With the kit's default group timeout (60 s,
+# lesson 09; gloo's own default is 30 minutes) that is a long silent wait; the worker gives this demo's stages a
 # group of their own, `dist.new_group(backend="gloo", timeout=3 s)`, passed as
 # `PipelineStage(..., group=group)`, so rank 0 raises after about 3 s (timings vary with
 # load) and both ranks go on to the worker's normal teardown: the launch still ends with

@@ -474,6 +474,8 @@ def show_memory(mesh, device):
         for name, (live, peak) in measured.items():
             say(f"{name} allocator: live after step {live}, peak {peak}")
         say(f"AdamW step counters: {sum(1 for _ in ddp.parameters())} x 4 bytes")
+        log = ddp._get_ddp_logging_data()  # the reducer's own record (a private method)
+        say(f"DDP buckets: sizes {log['bucket_sizes']} bytes, cap {log['bucket_cap_bytes']} bytes")
     units = {"root": sum(p.numel() for n, p in model.named_parameters() if not n.startswith("blocks.")),
              "block": sum(p.numel() for p in model.blocks[0].parameters())}
     shared(f"unit sizes (elements): root {units['root']}, block {units['block']}")
