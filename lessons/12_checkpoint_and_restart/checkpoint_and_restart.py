@@ -602,7 +602,7 @@ drill_dir.mkdir()
 killer = Killer(drill_dir, rank=1)  # the parent's thread: SIGKILL rank 1 once the ranks hold
 killer.start()
 drill = launch(WORKER, ["drill", str(drill_dir), "--one", str(ck), "--hold", "9"], restarts=1)
-killer.join()
+killer.stop()  # the launch is over
 print(f"torchrun exit code {drill.code} after {drill.seconds:.1f} s; attempts {drill.attempts}")
 show(drill, "one to two", 0)
 

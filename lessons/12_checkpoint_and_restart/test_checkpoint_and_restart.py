@@ -258,7 +258,7 @@ def drill_launch(root, rank, hold, extra=(), timeout=120):
     killer = worker.Killer(root, rank)
     killer.start()
     run = launch(WORKER, ["drill", str(root), "--hold", str(hold), *extra], timeout=timeout, restarts=1)
-    killer.join()
+    killer.stop()  # the launch is over
     assert killer.error is None, (killer.error, run.describe())
     return run
 

@@ -443,10 +443,16 @@ class Killer(threading.Thread):
     def __init__(self, root, rank, timeout=90.0):
         super().__init__(daemon=True)
         self.root, self.rank, self.timeout, self.pid, self.error = root, rank, timeout, None, None
+        self.over = threading.Event()  # the launch has ended: stop looking
+
+    def stop(self):
+        """Call when the launch has returned: ends the thread at once, whatever happened."""
+        self.over.set()
+        self.join()
 
     def run(self):
         end = time.monotonic() + self.timeout
-        while self.pid is None and time.monotonic() < end:
+        while self.pid is None and not self.over.is_set() and time.monotonic() < end:
             for f in (self.root / "held").glob("*") if (self.root / "held").is_dir() else ():
                 if f.read_text() == str(self.rank):
                     self.pid = int(f.name)
