@@ -935,6 +935,20 @@ print("saved fusion.png")
 # allocates nothing, stays far above them.
 
 # %% [markdown]
+# ## Where next: structured logs and ahead-of-time compilation
+#
+# - `TORCH_TRACE=/some/dir python train.py` makes every compile write a structured log
+#   there, one file per process: each Dynamo graph (`dynamo_output_graph`), its guards
+#   (`dynamo_cpp_guards_str`) and per-compile metrics (`compilation_metrics`), among others
+#   (a slow test of this lesson checks those three). The separate tool `tlparse` (not in the
+#   course's environment) renders such a log as a browsable report; it is the first thing to
+#   collect when a large model compiles slowly or recompiles often.
+# - AOTInductor (`torch._inductor.aoti_compile_and_package`, with a graph from
+#   `torch.export`) runs the same Inductor pipeline ahead of time and writes the result to a
+#   package file, for serving a model without Dynamo's tracing at start-up. This lesson does
+#   not run it (it compiles for tens of seconds); the test only checks that 2.13.0 has it.
+
+# %% [markdown]
 # ## Summary
 #
 # - `torch.compile` = Dynamo (bytecode captured into FX graphs, plus guards) → AOTAutograd

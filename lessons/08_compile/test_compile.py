@@ -552,3 +552,22 @@ def test_tensor_guards_dtype_stride_not_values(lesson):
     assert len(counting.graphs) == 2
     cf(x.t())  # same sizes, other strides
     assert len(counting.graphs) == 3
+
+
+@pytest.mark.slow
+def test_torch_trace_writes_structured_logs(tmp_path):
+    """The prose: TORCH_TRACE writes one log per process holding each graph, its guards and
+    the compile's metrics."""
+    code = "import torch; torch.compile(lambda x: x.sin() * 2, backend='eager')(torch.ones(3))"
+    env = {**os.environ, "TORCH_TRACE": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120, capture_output=True)
+    (log,) = list(tmp_path.iterdir())
+    text = log.read_text()
+    for kind in ("dynamo_output_graph", "dynamo_cpp_guards_str", "compilation_metrics"):
+        assert f'"{kind}"' in text, kind
+
+
+def test_aot_inductor_entry_point_exists():
+    import torch._inductor
+
+    assert callable(torch._inductor.aoti_compile_and_package) and callable(torch.export.export)
