@@ -697,9 +697,7 @@ show(drill, "reference", 1)
 # model, with the same code minus the checkpoints.)
 #
 # Taking the newest folder, `step_9`, would have been wrong: it holds shard files but no
-# index of them. The rule: only a checkpoint that is *known* complete exists. (The new
-# `step_9` written by attempt 1 overwrote the stale shard files before its own `.metadata`
-# appeared.)
+# index of them. The rule: only a checkpoint that is *known* complete exists.
 #
 # **Identity comes from the environment, at every start.** A restarted rank is a new
 # process, and an elastic job may come back with other ranks or another world size. The
