@@ -590,8 +590,9 @@ print(f"FSDP2 peak adds the gathered root and one block: {(root + block) * 2 / G
 # adds what is gathered, and with the default `reshard_after_forward=None` that is the root
 # unit for the whole forward (section 5) plus the block being computed. With a large
 # vocabulary the root is not small: the embedding and the head of this model are 13 % of
-# its parameters, 2.1 GB in bf16, nearly five times one block (and prefetching adds one
-# more block). That is why large models often make the embedding and the head units of
+# its parameters, 2.1 GB in bf16, nearly five times one block (and on a GPU, where
+# FSDP2 prefetches the next block's all-gather to overlap it with compute, its buffer can be
+# held as well: section 5's trace, on the CPU, does not show it). That is why large models often make the embedding and the head units of
 # their own (`fully_shard(model.embed)`, `fully_shard(model.head)`), so that they too are
 # freed after use. Either way most of the GPU is left for activations. The formula is the
 # steady state the table above measured on a small scale; the `multigpu` test compares it
