@@ -23,7 +23,9 @@
 # - what Inductor makes of an elementwise chain (one fused C++ kernel, as wide as this CPU's
 #   vectors), what its cache key holds and why a cache must not travel between machines;
 # - what fusion buys against two one-read-one-write floors (`copy_` and `clone`), in and out
-#   of the CPU's last-level cache, and what the first call costs.
+#   of the CPU's last-level cache, and what the first call costs;
+# - what AOTAutograd hands the compiler (functionalized, decomposed), what the compile modes
+#   set, and regional compilation of repeated blocks.
 #
 # **Prerequisites:** lesson 02 (ATen operators and the dispatcher), lesson 03 (autograd),
 # lesson 05 (autocast); lesson 06 for honest timing.
@@ -935,6 +937,63 @@ print("saved fusion.png")
 # allocates nothing, stays far above them.
 
 # %% [markdown]
+# ## 8. Where to apply compile: the whole model, or each repeated block
+#
+# A transformer repeats one block many times. Compiling the whole model captures every
+# block into one long graph; compiling each block (*regional compilation*) captures the
+# block once and reuses that code, so the compile work does not grow with the depth.
+#
+# **Predict.** Four identical blocks (Linear + GELU) are compiled one by one with the
+# counting backend. How many graphs after one forward pass without gradients? With
+# gradients? And for the whole model compiled at once?
+
+
+# %%
+def make_blocks(n=4):
+    torch.manual_seed(0)
+    block = lambda: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())  # noqa: E731
+    return torch.nn.Sequential(*[block() for _ in range(n)])
+
+
+def regional_graphs(grad, n=4):
+    """Graphs captured when each of n blocks is compiled on its own, for one forward pass."""
+    dynamo.reset()
+    counting, model = CountingBackend(), make_blocks(n)
+    for i, block in enumerate(model):
+        model[i] = torch.compile(block, backend=counting)
+    with torch.set_grad_enabled(grad):
+        model(torch.randn(2, 8))  # (B, 8)
+    reasons = [r for v in dynamo.utils.guard_failures.values() for r in v]
+    failed = [r.splitlines()[0].split(": ", 1)[1] for r in reasons]
+    return counting.graphs, failed
+
+
+graphs, _ = regional_graphs(grad=False)
+print(f"regional, no grad: {len(graphs)} graph, inputs {graph_inputs(graphs[0])}")
+graphs, failed = regional_graphs(grad=True)
+print(f"regional, grad:    {len(graphs)} graphs, failed guard: {failed}")
+dynamo.reset()
+whole = CountingBackend()
+torch.compile(make_blocks(), backend=whole)(torch.randn(2, 8))
+print(f"whole model:       {len(whole.graphs)} graph, ops {graph_ops(whole.graphs[0]).count('linear')} linear")
+
+# %% [markdown]
+# Output:
+# ```text
+# regional, no grad: 1 graph, inputs ['l_fn_modules_0_parameters_weight_', 'l_fn_modules_0_parameters_bias_', 'l_args_0_']
+# regional, grad:    2 graphs, failed guard: ["tensor 'args[0]' requires_grad mismatch. expected requires_grad=0"]
+# whole model:       1 graph, ops 4 linear
+# ```
+#
+# The block's weight and bias are graph *inputs*, not constants, so one graph serves all
+# four blocks: the other three pass its guards. With gradients there is one more: block 0
+# receives the data (no `requires_grad`), blocks 1 to 3 receive an activation that requires
+# grad, and `requires_grad` is guarded. Still two graphs at any depth (the test checks 8
+# blocks), where the whole model is one graph as long as all its blocks together, traced
+# and compiled again for each change of depth. How compile combines with DDP and FSDP2
+# wrappers is not shown here.
+
+# %% [markdown]
 # ## Where next: structured logs and ahead-of-time compilation
 #
 # - `TORCH_TRACE=/some/dir python train.py` makes every compile write a structured log
@@ -974,6 +1033,9 @@ print("saved fusion.png")
 #   holds the graph, the settings and the versions but not the CPU's instruction set: one
 #   cache directory per kind of machine. `torch._inductor.utils.run_and_get_code` returns
 #   the generated code; `TORCH_LOGS=output_code` prints it.
+# - AOTAutograd's graph is functional (`add_` becomes `add`) and decomposed by a table;
+#   `mode=` is a bundle of Inductor settings (`reduce-overhead` = CUDA graphs). Compiling
+#   each repeated block reuses one graph (two with gradients) whatever the depth.
 # - On a GPU, this lesson's tests compare compiled and eager, check the caching allocator
 #   against the `clone` floor, and prove that `mode="reduce-overhead"` records and replays a
 #   CUDA graph: `make test-gpu`.

@@ -571,3 +571,14 @@ def test_aot_inductor_entry_point_exists():
     import torch._inductor
 
     assert callable(torch._inductor.aoti_compile_and_package) and callable(torch.export.export)
+
+
+def test_regional_compilation(lesson):
+    ns = lesson.ns
+    for n in (4, 8):
+        graphs, failed = ns["regional_graphs"](grad=False, n=n)
+        assert len(graphs) == 1 and failed == []
+        graphs, failed = ns["regional_graphs"](grad=True, n=n)
+        assert len(graphs) == 2 and len(failed) == 1 and "requires_grad mismatch" in failed[0]
+    assert len(ns["whole"].graphs) == 1
+    assert ns["graph_ops"](ns["whole"].graphs[0]).count("linear") == 4
