@@ -454,7 +454,7 @@ def test_cuda_backends_time_and_memory(record_property):
         record_property(f"SDPA bf16 causal {name} S={S} [ms]", t)
         record_property(f"SDPA bf16 causal {name} S={S} peak extra [MiB]", peak[name, S] / 2**20)
     for name, why in unavailable.items():
-        record_property(f"SDPA {name} unavailable", why)
+        record_property(f"SDPA {name} unavailable [reason]", why)
     for name, why in unavailable.items():
         print(f"unavailable: {name}: {why}")
     ran = {name for name in CUDA_BACKENDS if all((name, S) in ms for S in CUDA_SEQ)}  # at every S
@@ -498,7 +498,7 @@ def test_cuda_flex_attention_backward(record_property):
             torch.testing.assert_close(a.double(), b, atol=1e-4, rtol=1e-4)
     gap = (grads_flex[0] - grads_sdpa[0]).abs().max().item()
     print(f"flex backward max |dQ - dQ_sdpa| {gap:.2e}")
-    record_property("flex vs SDPA fp32 S=512, max |dQ gap|", gap)
+    record_property("flex vs SDPA fp32 S=512, max |dQ gap| [absolute]", gap)
 
 
 # ----------------------------------------------------------------------------------------
