@@ -777,7 +777,8 @@ class Payload:
 
 torch.save({"weight": torch.ones(2), "extra": Payload()}, TMP / "evil.pt")
 needs = torch.serialization.get_unsafe_globals_in_checkpoint(TMP / "evil.pt")
-print(f"globals the file needs: {sorted(needs)}")
+# the names without their module: Python 3.13 moved the Path classes to `pathlib._local`
+print(f"globals the file needs: {sorted(name.rsplit('.', 1)[-1] for name in needs)}")
 try:
     torch.load(TMP / "evil.pt", weights_only=True)
     refusal = None
@@ -795,7 +796,7 @@ print(f"after weights_only=False, marker created: {created['weights_only=False']
 # %% [markdown]
 # Output:
 # ```text
-# globals the file needs: ['builtins.getattr', 'pathlib.Path', 'pathlib.PosixPath']
+# globals the file needs: ['Path', 'PosixPath', 'getattr']
 # weights_only=True: UnpicklingError
 # WeightsUnpickler error: Unsupported global: GLOBAL getattr was not an allowed global by default.
 # marker created: False
@@ -803,7 +804,8 @@ print(f"after weights_only=False, marker created: {created['weights_only=False']
 # ```
 #
 # To rebuild `Payload`, the file asks the unpickler for `getattr(pathlib.Path, "touch")`
-# and then to call it: `get_unsafe_globals_in_checkpoint` lists what a file needs beyond
+# (Python's `builtins.getattr`; the Path classes are `pathlib.…`, or `pathlib._local.…` from
+# Python 3.13 on, hence only the names above) and then to call it: `get_unsafe_globals_in_checkpoint` lists what a file needs beyond
 # the safe set, without loading it. `weights_only=True` refused the first global it did not
 # allow, before calling anything: the marker was not created. With `weights_only=False` the
 # same load ran the code and created the marker: any `torch.load(..., weights_only=False)`
