@@ -276,8 +276,8 @@ print(f"held-out exact match at least {THRESHOLD:.0%}: {accuracy >= THRESHOLD}")
 # Lesson 08 showed what the compiler does with a function; here it compiles the model.
 # `torch.compile(model)` returns a wrapper that shares the model's parameters: the
 # optimizer is made on them as before. The first call traces `forward` with Dynamo, and
-# AOTAutograd derives the backward graph from it, so *both* directions run as Inductor's
-# C++ kernels; later calls reuse them while the guards hold (same shapes, same dtypes).
+# AOTAutograd derives the backward graph from it, so *both* directions run as code that
+# Inductor generated; later calls reuse it while the guards hold (same shapes, same dtypes).
 #
 # **Predict.** Same initial weights, same batches, 40 steps: are the compiled run's losses
 # equal to eager's bit for bit? Is a compiled step faster on this small model?
@@ -298,6 +298,15 @@ print(f"losses of steps 1-{SHORT}: bitwise equal to eager {comp['loss'] == eager
       f"max gap {gap_compiled:.1e}, below 1e-4: {gap_compiled < 1e-4}")
 print(f"median step: eager {eager_ms:.1f} ms, compiled {compiled_ms:.1f} ms, "
       f"compiled/eager {compiled_ms / eager_ms:.2f}")
+with profile(activities=[ProfilerActivity.CPU]) as comp_prof:  # one more compiled step
+    gpt.train_step(compiled, gpt.optimizer(compiled_model), TRAIN[gpt.batch_rows(1, len(TRAIN))])
+comp_ops = {e.key: e.count for e in comp_prof.key_averages() if e.key.startswith("aten::")}
+still = sorted(k for k in comp_ops if "mm" in k or "scaled_dot" in k)  # matmuls and attention
+fused = sum(n for k, n in comp_ops.items() if "layer_norm" in k or "gelu" in k)
+print("the compiled step still calls these ATen kernels:")
+for key in still:
+    print(f"  {key}")
+print(f"ATen layer_norm or gelu calls in the compiled step: {fused}")
 
 # %% [markdown]
 # Output:
@@ -306,11 +315,20 @@ print(f"median step: eager {eager_ms:.1f} ms, compiled {compiled_ms:.1f} ms, "
 # graphs compiled: 1, graph breaks: 0
 # losses of steps 1-40: bitwise equal to eager False, max gap «number», below 1e-4: True
 # median step: eager «time» ms, compiled «time» ms, compiled/eager «ratio»
+# the compiled step still calls these ATen kernels:
+#   aten::_scaled_dot_product_flash_attention_for_cpu
+#   aten::_scaled_dot_product_flash_attention_for_cpu_backward
+#   aten::addmm
+#   aten::mm
+# ATen layer_norm or gelu calls in the compiled step: 0
 # ```
 #
-# One graph, no break: the model is plain tensor code. The losses are *not* bitwise
-# equal, and must not be expected to be: Inductor fuses the LayerNorms, the GELU and the
-# bias adds into loops of its own, which round in another order than ATen's kernels. The
+# One graph, no break: the model is plain tensor code. The last lines show what the
+# compiled step runs: the matmuls (`addmm`, `mm`) and the fused attention are still ATen's
+# kernels, called from Inductor's code, while the LayerNorms and the GELU, forward and
+# backward, are gone from the list: Inductor wrote C++ loops of its own for them. The
+# losses are *not* bitwise equal, and must not be expected to be: those loops round in
+# another order than ATen's kernels. The
 # gap is printed against a bound, 1e-4: far below the losses themselves (2.4 down to 0.5
 # in these steps) and far above float32's rounding step near 1 (1.2e-7); its digits
 # differ from CPU to CPU. That is the tolerance to assert, "rounding-level", not "equal":
@@ -318,7 +336,8 @@ print(f"median step: eager {eager_ms:.1f} ms, compiled {compiled_ms:.1f} ms, "
 #
 # The speed ratio is this machine's. On this model, 64 × 12 tokens of width 32, a step is
 # mostly the fixed cost of about 1,400 small ATen calls (stage 5 counts them); compiling
-# replaces many of them with fused loops, which may or may not be faster on a given CPU.
+# replaces the model's element-wise and normalisation calls with fused loops (AdamW still
+# runs eagerly, op by op), which may or may not be faster on a given CPU.
 # The first step paid for the compile: with a cold Inductor cache it writes and compiles
 # C++ files, a warm cache loads them.
 
@@ -638,8 +657,8 @@ print(f"FlopCounterMode has a formula for the CPU's op: {cpu_op in registry}; fo
 # and the weighted sum of `v`, have no weights: 4·S²·d FLOPs per sequence and layer
 # forward, twice that backward, 12·S²·d in all, with S = 12 positions and d = 32 (all
 # heads together). We add them by formula (the formula counts the whole S × S square; the
-# causal mask lets a kernel skip about half of it). Check a FLOP counter against a
-# formula before you trust an MFU.
+# causal mask lets a kernel skip about half of it at large S). Check a FLOP counter
+# against a formula before you trust an MFU.
 #
 # **Predict.** With these FLOPs and the measured step time, what MFU does a model of width
 # 32 reach on one core: closer to 1% or to 50%?
@@ -718,6 +737,9 @@ with torch.no_grad():
 right_p = probs.gather(-1, HELD[:, gpt.DIGITS + 1:, None])  # (500, 6, 1): the right character's
 print(f"the right character's probability over the 500 x 6 held-out answers: lowest {right_p.min():.2f}, "
       f"median {right_p.median():.3f}")
+all_right = right_p[:5].prod().item()  # each sampled character right, given right ones before it
+print(f"chance that sampling writes all 30 characters of these 5 prompts right: {all_right:.2f}, "
+      f"between 0.5 and 0.9: {0.5 < all_right < 0.9}")
 print(f"held-out exact match of the final model: {accuracy:.1%}, "
       f"at least {THRESHOLD:.0%}: {accuracy >= THRESHOLD}")
 
@@ -730,15 +752,19 @@ print(f"held-out exact match of the final model: {accuracy:.1%}, "
 # 459071> -> 170954  right
 # 468883> -> 388864  right
 # the right character's probability over the 500 x 6 held-out answers: lowest 0.94, median 0.991
+# chance that sampling writes all 30 characters of these 5 prompts right: «number», between 0.5 and 0.9: True
 # held-out exact match of the final model: 100.0%, at least 95%: True
 # ```
 #
 # Five held-out prompts, five right reversals. The model puts most of the probability on
 # the right character (its median is printed), so sampling at temperature 1 picks it
-# almost always, here all 30 times; at 0.99 a character, about one set of 5 samples in 4
-# would have a mistake somewhere. A higher temperature (`temperature=3` divides the
-# logits by 3 before the softmax) flattens the distribution: try it, and count the
-# mistakes.
+# almost always, here all 30 times. The chance of that is the product of the right
+# characters' probabilities along the 30 answer positions (as long as every character so
+# far is right, the model sees exactly the true prefix), printed on the last line but one
+# (its last digits depend on the CPU, so the line shows a bound): far from a certainty,
+# so another generator seed can well give a mistake. A higher temperature
+# (`temperature=3` divides the logits by 3 before the softmax) flattens the distribution:
+# try it, and count the mistakes.
 
 # %% [markdown]
 # ## 9. All the stages in one figure
@@ -826,10 +852,13 @@ fig.savefig(HERE / "capstone_stages.png")
 #
 # A. `lr_at(step, total, peak, warmup, floor=0.0)`: the learning rate of a linear warm-up
 #    over the first `warmup` steps, then a cosine decay from `peak` to `floor` at step
-#    `total`. Steps count from 1. Use it with `torch.optim.lr_scheduler.LambdaLR` and train
-#    stage 1 again: does the model still pass the threshold?
-# B. `Shuffler`: the data order of a real loader, an epoch at a time from one generator (as
-#    `DataLoader(shuffle=True)` does). Write its `state_dict` and `load_state_dict` so that
+#    `total`. Steps count from 1. Use it with `torch.optim.lr_scheduler.LambdaLR`, whose
+#    function returns a *factor* of the optimizer's learning rate and counts from 0:
+#    `LambdaLR(opt, lambda i: lr_at(i + 1, total, peak, warmup) / peak)` (the test checks
+#    this recipe). Train stage 1 again with it: does the model still pass the threshold?
+# B. `Shuffler`: the data order of a real loader, like `DataLoader(shuffle=True)`'s: a new
+#    permutation of the rows every epoch, drawn from one generator. Write its `state_dict`
+#    and `load_state_dict` so that
 #    a checkpoint restores the order. The test runs this lesson's drill with your class
 #    (`worker.py drill DIR --shuffler exercises.py`): the restarted run must end bitwise
 #    equal to an uninterrupted one, with the resume in the second epoch.

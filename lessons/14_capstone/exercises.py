@@ -18,9 +18,10 @@ def lr_at(step, total, peak, warmup, floor=0.0):
 
 
 class Shuffler:
-    """The rows of a dataset in a shuffled order, batch after batch, the way
-    `DataLoader(shuffle=True, drop_last=True)` orders them: every epoch is a new permutation
-    of the n rows, drawn from one generator; `next()` returns the (size,) row indices of the
+    """The rows of a dataset in a shuffled order, batch after batch, like
+    `DataLoader(shuffle=True, drop_last=True)` (its pattern, not its exact numbers): every
+    epoch is a new permutation of the n rows, drawn from one generator, and an epoch's last
+    incomplete batch is dropped; `next()` returns the (size,) row indices of the
     next batch. The lesson's worker uses it instead of gpt.batch_rows with
     `worker.py drill DIR --shuffler exercises.py`, and puts the object into every DCP
     checkpoint (DCP calls its state_dict() on save and load_state_dict() on load)."""

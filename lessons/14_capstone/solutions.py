@@ -14,7 +14,8 @@ def lr_at(step, total, peak, warmup, floor=0.0):
 
 
 class Shuffler:
-    """Batches in the order of DataLoader(shuffle=True, drop_last=True), and its state."""
+    """Batches like DataLoader(shuffle=True, drop_last=True)'s (a new permutation each
+    epoch, the last incomplete batch dropped), and its state."""
 
     def __init__(self, n, size, seed=0):
         self.n, self.size = n, size
