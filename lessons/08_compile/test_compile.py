@@ -156,8 +156,12 @@ def test_backward_pass_autocast_the_other_cases(lesson):
 
 def test_first_calls(lesson):
     ns = lesson.ns
-    # the first compile in the process costs most; the same graph again is a fraction of it
-    assert ns["t_first"] > 2 * ns["t_again"] and ns["t_gelu"] < ns["t_first"]
+    # The reset really sends the same graph through the compiler again: the same wrapper code
+    # comes back. (How much faster the second call is depends on whether this process had
+    # compiled before: in the test suite another lesson may have, so times are not compared.)
+    assert ns["again_code"] == ns["chain_code"] and len(ns["again_code"]) == 1
+    assert ns["gelu_code"] != ns["chain_code"]
+    assert min(ns["t_first"], ns["t_again"], ns["t_gelu"]) > 0
 
 
 X86_LANES = {"AVX512": 16, "AVX2": 8, "DEFAULT": 1}  # fp32 floats per step, by ATen's level
