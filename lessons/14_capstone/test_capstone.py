@@ -84,6 +84,10 @@ def test_stage1_learns_the_held_out_set(lesson):
     assert torch.equal(ns["right"], ns["one_pass"])
     accs = [eager["eval"][s][1] for s in sorted(eager["eval"])]
     assert accs[0] < 0.5 and max(accs[-5:]) >= threshold  # it rose during the run
+    # the figure's remark: the held-out loss follows the training loss (no memorising)
+    for step, (held_loss, _) in eager["eval"].items():
+        train_loss = eager["loss"][step - 1]
+        assert abs(held_loss - train_loss) < 0.15 * train_loss + 0.01, (step, held_loss, train_loss)
 
 
 def test_stage2_compile_within_tolerance(lesson):
