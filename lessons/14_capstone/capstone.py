@@ -28,7 +28,7 @@
 # repository root, or open `capstone.ipynb`. The model, the data and the training step live
 # in `gpt.py` next to this file, because the 2-rank stage's ranks (`worker.py`) import the
 # very same definitions; read it first, it is short. With a warm Inductor cache the script
-# took from 22 s to a minute on the course's 2-core machine, depending on what else ran
+# took from 20 s to a minute on the course's 2-core machine, depending on what else ran
 # on it; the first `torch.compile` on a machine writes and compiles C++ kernels, which
 # added 22-65 s there. Each printing cell is followed by an *Output* block: what it
 # printed with the pinned PyTorch (2.13.0), checked by `make test`.
