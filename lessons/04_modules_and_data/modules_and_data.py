@@ -38,6 +38,7 @@
 
 # %%
 import io
+import os
 import random
 import subprocess
 import sys
@@ -864,7 +865,11 @@ def run_spawning(guarded):
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "spawning.py"
         script.write_text(SPAWNING.format(guard=guard, indent=indent))
-        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        # PYTHON_COLORS=0: a notebook's kernel sets FORCE_COLOR, and Python 3.13 then colours
+        # tracebacks, which would hide the "RuntimeError:" this function looks for
+        env = {**os.environ, "PYTHON_COLORS": "0"}
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              timeout=120, env=env)
     _, raised, message = proc.stderr.partition("RuntimeError:")  # the child's traceback, if any
     error = " ".join(message.split()).split(". ")[0] if raised else None  # its first sentence
     return proc.stdout.splitlines(), error
