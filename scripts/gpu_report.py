@@ -168,19 +168,10 @@ def probe(torch) -> Device:
 
 
 def event_ms(torch, fn, warmup=3, repeats=10) -> float:
-    """Median GPU time of one call of ``fn``, by CUDA events, after warm-up calls."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median GPU time of one call of ``fn`` (the course's one CUDA timing helper)."""
+    from scripts.pytest_course import cuda_median_ms
+
+    return cuda_median_ms(fn, warmup, repeats)
 
 
 def ceilings(torch) -> list[list]:

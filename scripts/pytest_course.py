@@ -163,3 +163,25 @@ def import_file(path: Path) -> ModuleType:
 def exercise_module(request: pytest.FixtureRequest) -> ModuleType:
     stem = "exercises" if request.config.getoption("--exercises") else "solutions"
     return import_file(request.path.parent / f"{stem}.py")
+
+
+def cuda_median_ms(fn, warmup: int = 3, repeats: int = 10) -> float:
+    """Median GPU time of one call of ``fn`` in ms, by CUDA events, after ``warmup`` calls (the
+    first calls pick kernels and allocate workspaces). One helper for every GPU test and the
+    GPU report: kernels run asynchronously, so a host clock alone would time the launch."""
+    import statistics
+
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()  # read the events once the GPU has reached the end one
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from scripts.pytest_course import cuda_median_ms
 
 
 def test_script_outputs(lesson):
@@ -594,17 +595,8 @@ def test_cuda_autocast_dtypes(record_property):
 
 
 def timed_tflops(fn, flops, repeats=10):
-    """TFLOP/s of fn on CUDA: median of `repeats` synchronised runs after 3 warm-ups."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return flops / statistics.median(times) / 1e12
+    """TFLOP/s of fn on CUDA: its median time by CUDA events after 3 warm-ups."""
+    return flops / (cuda_median_ms(fn, repeats=repeats) / 1e3) / 1e12
 
 
 @pytest.mark.cuda

@@ -20,6 +20,8 @@ from torch.nn.attention.flex_attention import create_block_mask, create_mask
 from torch.profiler import profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from scripts.pytest_course import cuda_median_ms
+
 
 def test_script_outputs(lesson):
     lesson.check()
@@ -396,20 +398,6 @@ def test_tiled_attention_never_holds_the_scores(exercise_module):
 # CUDA: backends' time and peak memory vs S (bf16, causal), and FlexAttention's backward
 
 
-def cuda_median_ms(fn, repeats=5):
-    fn()  # warm up: first calls pick kernels and allocate workspaces
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()  # the GPU runs asynchronously: read the events once it is done
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 CUDA_BACKENDS = ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"]
 CUDA_SEQ = (1024, 2048, 4096, 8192)
 
@@ -420,7 +408,7 @@ def cuda_run(name, q, k, v):
     run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     with sdpa_kernel(SDPBackend.__members__[name]):
         out = run()
-        ms = cuda_median_ms(run)
+        ms = cuda_median_ms(run, warmup=1, repeats=5)
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()

@@ -20,6 +20,8 @@ import pytest
 import torch
 import torch._dynamo as dynamo
 
+from scripts.pytest_course import cuda_median_ms
+
 
 def test_script_outputs(lesson):
     lesson.check()
@@ -415,17 +417,8 @@ def test_scale_arg_one_graph(exercise_module):
 # GPU: the same chain compiled vs eager; CUDA graphs on a launch-bound function
 
 
-def cuda_ms(fn, warmup=3, repeats=20):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()  # kernels run asynchronously: stop the clock when they end
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+def cuda_ms(fn):
+    return cuda_median_ms(fn, warmup=3, repeats=20)
 
 
 @pytest.mark.cuda
