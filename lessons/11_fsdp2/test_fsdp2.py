@@ -185,8 +185,8 @@ def test_allocator_beside_the_model(lesson):
     steady, grads = model[0]["DDP"][3], model[0]["DDP"][1]
     assert 0 <= low["DDP"][0] - (steady + grads) <= 1024, low  # the bucket: one more copy
     assert 0 <= low["DDP-view"][0] - steady <= 1024, low  # .grad views into the bucket
-    extra = low["FSDP2"][0] - model[0]["FSDP2"][3]  # a block's reduce-scatter input may be
-    assert any(0 <= extra - k * 4 * BLOCK <= 1024 for k in range(3)), low  # freed unseen (gloo)
+    # FSDP2: buffers freed on gloo's threads may go unseen, which only adds: floor and ceiling
+    assert model[0]["FSDP2"][3] - 1024 <= low["FSDP2"][0] < low["DDP-view"][0], low
     assert all(peak - live > 1024 for live, peak in low.values()), low  # activations at least
     assert model[0]["FSDP2"][4] < low["FSDP2"][1] < low["DDP-view"][0], low
     assert f"rank 0: DDP buckets: sizes {4 * N_PARAMS} bytes, cap {25 * 2**20} bytes" in lines(lesson, "memory")
