@@ -29,7 +29,7 @@ PIP_INSTALL = $(PY) -m pip install --disable-pip-version-check $$(test -t 1 || e
 # and notebook run once per test module).
 PYTEST := $(PY) -m pytest -n 2 --dist loadfile
 
-.PHONY: install lessons lesson test test-slow test-gpu exercises outputs notebooks readme drift \
+.PHONY: install lessons lesson test test-slow test-gpu exercises outputs notebooks readme reading drift \
 	soak clean clean-venv test-portable test-pythons
 
 # The stamp says the venv was made; the pins are re-checked on every `make install` (and so
@@ -90,6 +90,10 @@ notebooks: install
 
 readme: install
 	$(PY) -m scripts.readme
+
+# lessons/READING.md from every lesson's Read the source cell (scripts/reading.py).
+reading: install
+	$(PY) -m scripts.reading
 
 # A separate venv under build/ with the candidate torch; the course's venv is not touched.
 drift: install

@@ -42,6 +42,7 @@ PLACEHOLDERS = {
     "number": NUMBER,  # any other machine-dependent number
     "address": r"0x[0-9a-fA-F]+",
     "pid": r"\d+",
+    "line": r"\d+",  # a line number in the installed torch's files (lessons/sourcemap.py)
     "path": r"\S+",  # a file path outside the repository (a temporary folder)
     "isa": r"[A-Z][A-Z0-9_]*(?: [A-Z0-9_]+)?",  # torch.backends.cpu.get_cpu_capability(): AVX512, Z VECTOR
     "name": r"[A-Za-z_][\w.+-]*",  # one machine-dependent word: a clock source, a CPU flag

@@ -75,19 +75,21 @@ def imported_modules(path) -> set[str]:
 @pytest.mark.parametrize("lesson", READY, ids=lambda lesson: lesson.number)
 def test_lesson_is_self_contained(lesson: manifest.Lesson):
     """A lesson imports only stdlib, torch, numpy, matplotlib, safetensors, the files of its own
-    folder and the course's multi-rank kit, lessons/multirank.py (which imports only stdlib
-    and torch): a student can copy the folder together with the kit."""
-    kit = manifest.LESSONS / "multirank.py"
+    folder and the course's two shared modules, the multi-rank kit lessons/multirank.py and
+    the source map lessons/sourcemap.py (each imports only stdlib and torch): a student can
+    copy the folder together with them."""
+    kits = {manifest.LESSONS / "multirank.py", manifest.LESSONS / "sourcemap.py"}
     own = {p.stem for p in lesson.dir.glob("*.py")}
     for path in lesson.dir.glob("*.py"):
         if path.name.startswith("test_"):
             continue  # tests use the course tooling
         imported = imported_modules(path)
-        extra = imported - ALLOWED_IMPORTS - own - {kit.stem}
+        extra = imported - ALLOWED_IMPORTS - own - {kit.stem for kit in kits}
         assert not extra, f"{path.relative_to(manifest.ROOT)} imports {sorted(extra)}"
-        if kit.stem in imported:
-            extra = imported_modules(kit) - set(sys.stdlib_module_names) - {"torch"}
-            assert not extra, f"lessons/multirank.py imports {sorted(extra)}"
+        for kit in kits:
+            if kit.stem in imported:
+                extra = imported_modules(kit) - set(sys.stdlib_module_names) - {"torch"}
+                assert not extra, f"lessons/{kit.name} imports {sorted(extra)}"
 
 
 @pytest.mark.parametrize("lesson", [l for l in READY if (l.dir / "exercises.py").exists()],

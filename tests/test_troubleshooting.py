@@ -8,19 +8,17 @@ renaming breaks it).
 
 from __future__ import annotations
 
-import functools
 import re
 from pathlib import Path
 
 import pytest
 
 from scripts import manifest
-from scripts.checker import read_cells
+from scripts.reading import headings
 
 GUIDE = manifest.LESSONS / "TROUBLESHOOTING.md"
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")  # [text](target)
 SECTION = re.compile(r"(\d\d) § (.+)")  # the text of a link to a lesson section
-HEADING = re.compile(r"#{2,4}\s+(?:\d+\.\s+)?(.+?)\s*")  # "## 5. Title" -> "Title"
 ENTRY = re.compile(r"^### (.+)$", re.M)  # one entry per symptom
 
 # The symptoms issue 26 names (its "Course-level" part); each must head exactly one entry.
@@ -43,16 +41,6 @@ REQUIRED = [
 
 def links(text: str) -> list[tuple[str, str]]:
     return LINK.findall(text)
-
-
-@functools.lru_cache(maxsize=None)
-def headings(script: Path) -> frozenset[str]:
-    """The headings of a lesson script's markdown cells, without their section numbers."""
-    found = set()
-    for cell in read_cells(script):
-        if cell.kind == "markdown":
-            found |= {m[1] for line in cell.source.splitlines() if (m := HEADING.fullmatch(line))}
-    return frozenset(found)
 
 
 def link_problem(text: str, target: str) -> str | None:

@@ -1,0 +1,239 @@
+"""The course's reading path, ``lessons/READING.md``, and the checks of every lesson's closing cells.
+
+Each lesson's *Read the source* cell calls ``read_the_source([...])`` (``lessons/sourcemap.py``)
+with a literal list of stops; this module reads those lists from the scripts (without running
+them), checks every stop against the installed torch, and writes READING.md from them in the
+order of ``PATH``, with the mastery rubric of ``RUBRIC``.
+
+    python -m scripts.reading           # rewrite lessons/READING.md
+    python -m scripts.reading --check   # exit 1 when READING.md is stale or a stop is broken
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+from scripts.checker import read_cells
+from scripts.manifest import LESSONS, ROOT, Lesson, find, ready
+
+sys.path.insert(0, str(LESSONS))
+import sourcemap  # noqa: E402  (lessons/sourcemap.py: what the lessons themselves call)
+
+READING = LESSONS / "READING.md"
+Stop = tuple[str, str, str]  # (path, text to find, what to look for there)
+CLOSING = ("Summary", "Read the source", "Mastery check", "Exercises")  # the closing cells, in order
+HEADING = re.compile(r"#{2,4}\s+(?:\d+\.\s+)?(.+?)\s*")  # "## 5. Title" -> "Title"
+REFERENCE = re.compile(r"\*(?:(\d\d) )?§ ([^*]+)\*")  # *§ Title* or *03 § Title*: a backing cell
+QUESTION = re.compile(r"^\d+\.\s", re.M)
+REPO_PATH = re.compile(r"(?:aten|c10|torch/csrc|caffe2)/[\w/.-]+\.(?:cpp|cu|cuh|h)")
+
+# The path through PyTorch's source, in reading order: (stop, lesson that demonstrates it, path).
+# Each path must be one of that lesson's stops; READING.md takes the text and what to look for
+# from the lesson's cell, so they are written once.
+PATH: list[tuple[str, str, str]] = [
+    ("The Python tensor façade", "01", "torch/_tensor.py"),
+    ("Tensor metadata: sizes, strides, offset, storage", "01", "torch/include/c10/core/TensorImpl.h"),
+    ("Interception hooks: __torch_function__", "02", "torch/overrides.py"),
+    ("The dispatcher", "02", "torch/include/ATen/core/dispatch/Dispatcher.h"),
+    ("Dispatch keys and their order", "02", "torch/include/c10/core/DispatchKey.h"),
+    ("Operator schemas", "02", "torchgen/packaged/ATen/native/native_functions.yaml"),
+    ("From schema to registered kernel: torchgen", "02", "torchgen/gen.py"),
+    ("Autograd: the graph and saved tensors", "03", "torch/autograd/graph.py"),
+    ("Autograd: the engine that schedules backward", "03", "torch/include/torch/csrc/autograd/engine.h"),
+    ("Scaled dot-product attention", "07", "torch/nn/functional.py"),
+    ("Capture: Dynamo", "08", "torch/_dynamo/eval_frame.py"),
+    ("Staging: AOTAutograd", "08", "torch/_functorch/aot_autograd.py"),
+    ("Lowering: Inductor", "08", "torch/_inductor/compile_fx.py"),
+    ("Device meshes", "09", "torch/distributed/device_mesh.py"),
+    ("Tensor-parallel plans", "10", "torch/distributed/tensor/parallel/style.py"),
+    ("Pipelining schedules", "10", "torch/distributed/pipelining/schedules.py"),
+    ("FSDP2", "11", "torch/distributed/fsdp/_fully_shard/_fully_shard.py"),
+    ("Distributed checkpoints", "12", "torch/distributed/checkpoint/state_dict_saver.py"),
+    ("The launcher: torchrun", "12", "torch/distributed/run.py"),
+]
+
+# The mastery rubric: what a student who finished the course can do, and the lesson whose
+# Mastery check asks it (the capstone's asks the items that span lessons).
+RUBRIC: list[tuple[str, str]] = [
+    ("Show that a transpose shares its base's storage, and predict when `reshape` copies", "01"),
+    ("Reproduce the saved-tensor mutation error and explain its version counter", "03"),
+    ("Compare SDPA and its gradients with the formula, within a stated bound", "07"),
+    ("Tell a graph break, a guard failure and kernel compilation apart", "08"),
+    ("Explain what FSDP2 keeps resident on each rank, and when it gathers", "11"),
+    ("Verify that a restored optimizer's next update equals the uninterrupted one", "12"),
+    ("Place a failure in its layer, from the tensor to the launcher", "14"),
+]
+
+
+@functools.lru_cache(maxsize=None)
+def stops(script: Path) -> tuple[Stop, ...]:
+    """The literal list a lesson script passes to read_the_source (exactly one call)."""
+    calls = [n for n in ast.walk(ast.parse(script.read_text(encoding="utf-8")))
+             if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", "")) == "read_the_source"]
+    if len(calls) != 1:
+        raise ValueError(f"{script.name}: {len(calls)} calls of read_the_source (one expected)")
+    return tuple(tuple(stop) for stop in ast.literal_eval(calls[0].args[0]))
+
+
+def stop_problem(stop: Stop) -> str | None:
+    """Why a stop does not hold in the installed torch, or None."""
+    if len(stop) != 3 or not all(isinstance(s, str) and s.strip() for s in stop):
+        return f"{stop!r}: a stop is (path, text, what to look for), three non-empty strings"
+    path, text, _ = stop
+    if path.startswith(sourcemap.REPO):
+        repo_path = path.removeprefix(sourcemap.REPO)
+        if not REPO_PATH.fullmatch(repo_path):
+            return f"{path}: a repository stop is a C++/CUDA file under aten/, c10/, torch/csrc/ or caffe2/"
+        include = sourcemap.site_root() / "torch" / "include"
+        if any((include / p).exists() for p in (repo_path, repo_path.removeprefix("aten/src/"))):
+            return f"{path}: the wheel ships it under torch/include/: name that path instead"
+        return None
+    try:
+        sourcemap.find_line(path, text)
+    except LookupError as error:
+        return str(error)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def headings(script: Path) -> frozenset[str]:
+    """The headings of a lesson script's markdown cells, without their section numbers."""
+    found = set()
+    for cell in read_cells(script):
+        if cell.kind == "markdown":
+            found |= {m[1] for line in cell.source.splitlines() if (m := HEADING.fullmatch(line))}
+    return frozenset(found)
+
+
+def section(script: Path, title: str) -> str:
+    """The markdown of the cell headed `## title` (the whole cell); '' when there is none."""
+    for cell in read_cells(script):
+        if cell.kind == "markdown" and cell.source.splitlines()[:1] == [f"## {title}"]:
+            return cell.source
+    return ""
+
+
+def closing_problems(lesson: Lesson) -> list[str]:
+    """What is wrong with a lesson's closing cells: Summary, Read the source, Mastery check,
+    Exercises, in this order, each a `## ` heading opening a markdown cell."""
+    order = [c.source.splitlines()[0].removeprefix("## ") for c in read_cells(lesson.script)
+             if c.kind == "markdown" and c.source.startswith("## ")]
+    found = [title for title in order if title in CLOSING]
+    if found != list(CLOSING):
+        return [f"{lesson.folder}: closing cells {found}, expected {list(CLOSING)}"]
+    return []
+
+
+def answer_problems(lesson: Lesson, answer: str) -> list[str]:
+    """Every answer names the cell that backs it, as *§ Heading* (or *NN § Heading* for another
+    lesson's), and every heading it names exists."""
+    refs = REFERENCE.findall(answer)
+    if not refs:
+        return [f"{lesson.folder}: an answer names no backing section (*§ Heading*): {answer[:60]!r}"]
+    problems = []
+    for number, title in refs:
+        script = find(number).script if number else lesson.script
+        if title.strip() not in headings(script):
+            problems.append(f"{lesson.folder}: *{number} § {title}*: no such heading in {script.name}")
+    return problems
+
+
+def mastery_problems(lesson: Lesson) -> list[str]:
+    """3 to 5 numbered questions, each followed by its answer in a collapsed block."""
+    text = section(lesson.script, "Mastery check")
+    answers = re.findall(r"<details><summary>Answer</summary>(.*?)</details>", text, re.S)
+    questions = QUESTION.findall(text)
+    if not 3 <= len(questions) <= 5 or len(answers) != len(questions):
+        return [f"{lesson.folder}: Mastery check has {len(questions)} questions and "
+                f"{len(answers)} answers (3 to 5, one collapsed answer each)"]
+    return [p for answer in answers for p in answer_problems(lesson, answer)]
+
+
+def stop_by_path(lesson: Lesson, path: str) -> Stop:
+    for stop in stops(lesson.script):
+        if stop[0] == path:
+            return stop
+    raise LookupError(f"{path} is on the reading path for lesson {lesson.number}, "
+                      f"whose Read the source cell does not list it")
+
+
+def link(lesson: Lesson) -> str:
+    return f"[{lesson.number} {lesson.title}]({lesson.folder}/{lesson.script.name})"
+
+
+def render() -> str:
+    """READING.md, from PATH, RUBRIC and the lessons' Read the source cells."""
+    out = [HEADER]
+    for i, (title, number, path) in enumerate(PATH, start=1):
+        lesson = find(number)
+        _, text, look = stop_by_path(lesson, path)
+        out.append(f"{i}. **{title}**: `{path}`, at `{text}`. {look} ({link(lesson)})")
+    out += ["", "## Every lesson's stops", ""]
+    for lesson in ready():
+        out.append(f"### {link(lesson)}\n")
+        out += [f"- `{p}`, at `{t}`: {look}" for p, t, look in stops(lesson.script)]
+        out.append("")
+    out += ["## The mastery rubric", "", RUBRIC_INTRO, ""]
+    out += [f"- {item}: {link(find(number))}, *Mastery check*" for item, number in RUBRIC]
+    return "\n".join(out) + "\n"
+
+
+HEADER = """# Reading PyTorch's source
+
+<!-- Generated by `make reading` (scripts/reading.py) from every lesson's Read the source
+cell: edit those, not this file. -->
+
+Every lesson ends with a *Read the source* cell that prints where, in the torch you installed,
+the behaviour it showed is implemented: a path under your site-packages folder and a line
+number (open it in your editor), or, for C++ the wheel does not ship, a link at the release's
+tag. The tests check every path and every named text against the pinned torch, so a stop that
+moves in a new release fails the suite (and `make drift` reports it).
+
+## The path
+
+Follow one small operation from the Python call down to the kernel, back up through
+autograd, then out into compilation and the distributed layers. Read each stop after the
+lesson named beside it, with that lesson's notebook open.
+"""
+
+RUBRIC_INTRO = """What you can do after the course. Each item is a question of the named lesson's
+*Mastery check*, answered there from a cell the lesson ran."""
+
+
+def problems() -> list[str]:
+    """Every broken stop, every lesson's closing-cell problems, and a stale READING.md."""
+    found = []
+    for lesson in ready():
+        found += [f"{lesson.folder}: {p}" for stop in stops(lesson.script) if (p := stop_problem(stop))]
+        found += closing_problems(lesson) + mastery_problems(lesson)
+    if not found and (not READING.exists() or READING.read_text() != render()):
+        found.append("lessons/READING.md is stale: run `make reading`")
+    return found
+
+
+def pinned_torch() -> str:
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return next(p.split("==")[1] for p in pins if p.startswith("torch=="))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    if args.check:
+        found = problems()
+        print("\n".join(found) or "reading path and closing cells: ok")
+        return 1 if found else 0
+    READING.write_text(render())
+    print(f"wrote {READING.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
