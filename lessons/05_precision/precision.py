@@ -37,6 +37,7 @@
 import csv
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -1222,7 +1223,145 @@ print("saved formats.png")
 #   after step.
 # - On a GPU, this lesson's tests time matmuls in fp32, tf32, fp16, bf16 and fp8 and check
 #   the CUDA autocast dtypes (`make test-gpu`).
+
+# %% [markdown]
+# ## Read the source
 #
+# Open these files in your editor: each path is relative to the folder that holds your
+# installed `torch` (your site-packages), and the line numbers are those of your
+# installation. The stops follow a mixed-precision step: autocast's op lists and its cast
+# cache, then `GradScaler`'s unscale, skip and update, then the AdamW update itself.
+
+# %%
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's source map, sourcemap.py
+from sourcemap import read_the_source  # noqa: E402
+
+read_the_source([
+    ("torch/include/ATen/autocast_mode.h", "#define AT_FORALL_FP32(_)",
+     "The float32 list that CUDA autocast registers: `layer_norm` and `nll_loss` "
+     "are in it, `softmax` and `log_softmax` are in `AT_FORALL_FP32_SET_OPT_DTYPE` just "
+     "below, and `cross_entropy_loss` is in neither, so on CUDA it falls through and "
+     "decomposes. `enum class CastPolicy`, further up, says what each list does to an op's inputs."),
+    ("pytorch:aten/src/ATen/autocast_mode.cpp", "TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)",
+     "CPU autocast's own lists, op by op: `mm` and `linear` under `lower_precision_fp`, "
+     "`cross_entropy_loss` and `nll_loss` under `fp32`, no `softmax` and no `layer_norm`. "
+     "Higher up, `cached_cast` keeps the low-precision copy of a float32 leaf that requires "
+     "grad (a weight) and casts every other tensor anew at each op."),
+    ("torch/amp/autocast_mode.py", "def __exit__(",
+     "Leaving the outermost autocast region (`autocast_decrement_nesting() == 0`) calls "
+     "`torch.clear_autocast_cache()`: the cached weight copies are dropped, so the next "
+     "region casts every weight again."),
+    ("torch/amp/grad_scaler.py", "def unscale_(",
+     "Multiplies the gradients by the reciprocal of the scale (computed in float64) through "
+     "`_unscale_grads_`, which refuses float16 gradients, and records the stage `UNSCALED` so "
+     "that `step()` does not divide again; `_maybe_opt_step` below calls `optimizer.step()` "
+     "only when no inf/NaN was found, and `update()` hands the scale to `torch._amp_update_scale_`."),
+    ("pytorch:aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp", "_amp_update_scale_cpu_kernel(",
+     "the skip/halve/double rule on the CPU: after an inf/NaN the scale is multiplied by "
+     "`backoff_factor` and the growth tracker reset to 0; otherwise the tracker counts the "
+     "clean step, and when it reaches `growth_interval` the scale is multiplied by "
+     "`growth_factor` (unless that would overflow) and the tracker restarts."),
+    ("torch/optim/adam.py", "def _single_tensor_adam(",
+     "The per-parameter loop that `torch.optim.AdamW` (an `Adam` with "
+     "`decoupled_weight_decay=True`) runs on CPU tensors by default: `param.mul_(1 - lr * "
+     "weight_decay)`, `exp_avg.lerp_(grad, 1 - beta1)`, and the bias corrections folded into "
+     "`step_size` and `denom` before one `addcdiv_`, the rearrangement behind section 7's "
+     "rounding-level gap."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# torch/include/ATen/autocast_mode.h:«line»  `#define AT_FORALL_FP32(_)`
+#     The float32 list that CUDA autocast registers: `layer_norm` and `nll_loss` are in it, `softmax` and `log_softmax` are in `AT_FORALL_FP32_SET_OPT_DTYPE` just below, and `cross_entropy_loss` is in neither, so on CUDA it falls through and decomposes. `enum class CastPolicy`, further up, says what each list does to an op's inputs.
+# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/autocast_mode.cpp
+#     search for `TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)`: CPU autocast's own lists, op by op: `mm` and `linear` under `lower_precision_fp`, `cross_entropy_loss` and `nll_loss` under `fp32`, no `softmax` and no `layer_norm`. Higher up, `cached_cast` keeps the low-precision copy of a float32 leaf that requires grad (a weight) and casts every other tensor anew at each op.
+# torch/amp/autocast_mode.py:«line»  `def __exit__(`
+#     Leaving the outermost autocast region (`autocast_decrement_nesting() == 0`) calls `torch.clear_autocast_cache()`: the cached weight copies are dropped, so the next region casts every weight again.
+# torch/amp/grad_scaler.py:«line»  `def unscale_(`
+#     Multiplies the gradients by the reciprocal of the scale (computed in float64) through `_unscale_grads_`, which refuses float16 gradients, and records the stage `UNSCALED` so that `step()` does not divide again; `_maybe_opt_step` below calls `optimizer.step()` only when no inf/NaN was found, and `update()` hands the scale to `torch._amp_update_scale_`.
+# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp
+#     search for `_amp_update_scale_cpu_kernel(`: the skip/halve/double rule on the CPU: after an inf/NaN the scale is multiplied by `backoff_factor` and the growth tracker reset to 0; otherwise the tracker counts the clean step, and when it reaches `growth_interval` the scale is multiplied by `growth_factor` (unless that would overflow) and the tracker restarts.
+# torch/optim/adam.py:«line»  `def _single_tensor_adam(`
+#     The per-parameter loop that `torch.optim.AdamW` (an `Adam` with `decoupled_weight_decay=True`) runs on CPU tensors by default: `param.mul_(1 - lr * weight_decay)`, `exp_avg.lerp_(grad, 1 - beta1)`, and the bias corrections folded into `step_size` and `denom` before one `addcdiv_`, the rearrangement behind section 7's rounding-level gap.
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# 1. **Explain.** bfloat16 has float32's exponent range. Why, then, does a bfloat16
+#    recipe still keep the master weights and AdamW's state in float32?
+#
+#    <details><summary>Answer</summary>
+#
+#    Range is not the problem: bfloat16 keeps 1e-8 (as 1.00117e-08) and 70,000 (as
+#    70,144) where float16 gives 0 and inf (*§ Three formats, one table*). Precision is:
+#    with 7 mantissa bits its step at 1.0 is 0.00781, so 1 + 10,000 × 1e-4 stays 1.0000,
+#    and at lr 1e-5, 84.5% of weights of size 0.02 do not move at all, against 0.0% in
+#    float32 (*§ Why the weights stay in float32*). Small updates need float32 to land.
+#
+#    </details>
+#
+# 2. **Predict.** `GradScaler("cpu", growth_interval=3)` starts at 65,536. A gradient of
+#    3.0 arrives at steps 3 and 4, small ones at every other step. Which steps run, and at
+#    what scale does step 8 run?
+#
+#    <details><summary>Answer</summary>
+#
+#    Steps 3 and 4 are skipped: 3.0 × 65,536 and 3.0 × 32,768 both overflow float16, and
+#    each skip halves the scale, to 16,384. The clean-step count restarts at each overflow,
+#    so steps 5, 6 and 7 are the three clean steps that double it: step 8 runs at 32,768,
+#    and a dozen lines of our own make the same decisions as `GradScaler`
+#    (*§ A dynamic loss scaler*).
+#
+#    </details>
+#
+# 3. **Spot the bug.** A float16 step runs `scaler.scale(loss).backward()`, then
+#    `clip_grad_norm_(model.parameters(), 0.5)`, then `scaler.unscale_(opt)` and
+#    `scaler.step(opt)`. Nothing raises. What goes wrong?
+#
+#    <details><summary>Answer</summary>
+#
+#    Clipping runs on the scaled gradients: it sees a norm 65,536 times the true one
+#    (5.16e+04 against 0.787) and cuts it to 0.5 in scaled units, so after `unscale_` SGD
+#    steps with a norm of 0.5 / 65,536 = 7.63e-06 instead of 0.5. With Adam the bug hides:
+#    the weights still move 0.91 times as far, in nearly the same direction (cosine 0.99),
+#    and exactly as far with `eps` 0. Unscale first, then clip
+#    (*§ A mixed-precision training step, in order*).
+#
+#    </details>
+#
+# 4. **Explain.** Under autocast, cross-entropy comes out float32 on the CPU and on a GPU.
+#    Does autocast intercept the same op on both devices?
+#
+#    <details><summary>Answer</summary>
+#
+#    No. `aten::cross_entropy_loss` has an `AutocastCPU` kernel but no `AutocastCUDA` one;
+#    it is `CompositeImplicitAutograd`, so on CUDA it decomposes and autocast acts on the
+#    pieces, `log_softmax.int` and `nll_loss`, which have `AutocastCUDA` kernels. Do not
+#    lean on either list: outside autocast, the same bfloat16 logits give a loss of 3.5625
+#    against 3.5418 from `logits.float()`
+#    (*§ Autocast on the CPU: which ops run in bfloat16*).
+#
+#    </details>
+#
+# 5. **Predict.** An MLP of 8,393,728 parameters takes one AdamW step under CPU bfloat16
+#    autocast. How many bytes per parameter does it keep between steps, and in which dtype
+#    are the gradients?
+#
+#    <details><summary>Answer</summary>
+#
+#    16 bytes per parameter, all float32: 4 for the weights, 4 for the gradients (float32,
+#    the parameters' dtype) and 8 for AdamW's two moments. During the step autocast adds
+#    the bfloat16 weight copies saved for backward (here the second layer's, about 1 byte
+#    per parameter; both layers' when the input needs a gradient), and it casts each
+#    weight once per region: 5 casts for 3 calls in one region, 9 for 3 regions
+#    (*§ What a training step keeps*).
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder and implement `DynamicLossScaler`: the loss scaler of
