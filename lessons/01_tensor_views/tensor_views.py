@@ -31,6 +31,7 @@
 import itertools
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -857,7 +858,147 @@ print("saved storage_views.png")
 #   the views as they are. On a GPU, this lesson's test (`make test-gpu`) repeats the
 #   comparison: the same values, the same two copies, and the copying product slower
 #   (written without a GPU at hand: not yet run on one).
+
+# %% [markdown]
+# ## Read the source
 #
+# Where PyTorch implements what this lesson showed. Open each file in your editor at the
+# line printed: the paths are inside the torch you installed, so the line numbers are
+# those of your installation. The stops follow the lesson: the Python class, the C++
+# record, the contiguity rule, `reshape`'s choice between a view and a copy, the
+# channels-last strides, and the `matmul` that copies the attention layout. The two C++
+# files the wheel does not ship are printed as links at your release's tag.
+
+# %%
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's source map, sourcemap.py
+from sourcemap import read_the_source  # noqa: E402
+
+read_the_source([
+    ("torch/_tensor.py", "class Tensor(torch._C.TensorBase)",
+     "The Python class is a thin layer over `torch._C.TensorBase`, the C++ binding that holds the "
+     "handle to the `TensorImpl`: `stride()`, `t()`, `untyped_storage()`, `_base` and `_cdata` are "
+     "inherited from it, not defined here. Further down, `__cuda_array_interface__` turns element "
+     "strides into byte strides (`s * itemsize`), the NumPy rule of section 1."),
+    ("torch/include/c10/core/TensorImpl.h", "struct C10_API TensorImpl :",
+     "The record itself: its data members, near the end of the struct, are `storage_`, "
+     "`sizes_and_strides_`, `storage_offset_`, `data_type_` and `device_opt_`, plus "
+     "`version_counter_` (the note above `struct C10_API VariableVersion` lists who shares it: a "
+     "view, `detach()`) and `pyobj_slot_`, which holds the one Python object of section 2. "
+     "`set_sizes_and_strides` rewrites sizes and strides, then `refresh_contiguous()` caches "
+     "in the bit `is_contiguous_` what `is_contiguous()` returns."),
+    ("torch/include/c10/core/Contiguity.h", "bool _compute_contiguous(",
+     "Section 3's rule, line for line: an empty tensor is contiguous; walking from the last "
+     "dimension, a size-1 dimension is skipped and every other stride must equal the product "
+     "of the sizes after it. `TensorImpl::compute_contiguous` (in `c10/core/TensorImpl.cpp`) "
+     "applies it to the record's sizes and strides."),
+    ("pytorch:aten/src/ATen/native/TensorShape.cpp", "Tensor reshape_symint(",
+     "When `reshape` copies: a contiguous input goes straight to `view`; otherwise "
+     "`at::detail::computeStride` looks for strides that read the new shape, and `reshape` "
+     "returns a view (`_reshape_alias`) when it finds them and `_unsafe_view` of "
+     "`self.clone(at::MemoryFormat::Contiguous)`, a copy, when it does not: section 5's "
+     "`y.reshape(-1)`."),
+    ("torch/include/c10/core/MemoryFormat.h", "std::vector<T> get_channels_last_strides_2d(",
+     "The strides a channels-last tensor gets: C gets stride 1, W steps over the C channels, H "
+     "over W·C, N over H·W·C, which gives section 6's (60, 1, 15, 3) for a (2, 3, 4, 5) image; "
+     "`TensorImpl::empty_tensor_restride` calls it for `MemoryFormat::ChannelsLast`."),
+    ("pytorch:aten/src/ATen/native/LinearAlgebra.cpp", "static Tensor _matmul_impl(",
+     "`matmul` is this composite: 2-D @ 2-D is one `mm`, and its last branch, for batched "
+     "operands, `expand`s both to the common batch shape, `reshape`s each to 3-D for one `bmm` "
+     "and `_unsafe_view`s the result back: the six calls section 7 printed, whose two reshapes "
+     "copy the permuted (B, H, S, D) views."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# torch/_tensor.py:«line»  `class Tensor(torch._C.TensorBase)`
+#     The Python class is a thin layer over `torch._C.TensorBase`, the C++ binding that holds the handle to the `TensorImpl`: `stride()`, `t()`, `untyped_storage()`, `_base` and `_cdata` are inherited from it, not defined here. Further down, `__cuda_array_interface__` turns element strides into byte strides (`s * itemsize`), the NumPy rule of section 1.
+# torch/include/c10/core/TensorImpl.h:«line»  `struct C10_API TensorImpl :`
+#     The record itself: its data members, near the end of the struct, are `storage_`, `sizes_and_strides_`, `storage_offset_`, `data_type_` and `device_opt_`, plus `version_counter_` (the note above `struct C10_API VariableVersion` lists who shares it: a view, `detach()`) and `pyobj_slot_`, which holds the one Python object of section 2. `set_sizes_and_strides` rewrites sizes and strides, then `refresh_contiguous()` caches in the bit `is_contiguous_` what `is_contiguous()` returns.
+# torch/include/c10/core/Contiguity.h:«line»  `bool _compute_contiguous(`
+#     Section 3's rule, line for line: an empty tensor is contiguous; walking from the last dimension, a size-1 dimension is skipped and every other stride must equal the product of the sizes after it. `TensorImpl::compute_contiguous` (in `c10/core/TensorImpl.cpp`) applies it to the record's sizes and strides.
+# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/TensorShape.cpp
+#     search for `Tensor reshape_symint(`: When `reshape` copies: a contiguous input goes straight to `view`; otherwise `at::detail::computeStride` looks for strides that read the new shape, and `reshape` returns a view (`_reshape_alias`) when it finds them and `_unsafe_view` of `self.clone(at::MemoryFormat::Contiguous)`, a copy, when it does not: section 5's `y.reshape(-1)`.
+# torch/include/c10/core/MemoryFormat.h:«line»  `std::vector<T> get_channels_last_strides_2d(`
+#     The strides a channels-last tensor gets: C gets stride 1, W steps over the C channels, H over W·C, N over H·W·C, which gives section 6's (60, 1, 15, 3) for a (2, 3, 4, 5) image; `TensorImpl::empty_tensor_restride` calls it for `MemoryFormat::ChannelsLast`.
+# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/LinearAlgebra.cpp
+#     search for `static Tensor _matmul_impl(`: `matmul` is this composite: 2-D @ 2-D is one `mm`, and its last branch, for batched operands, `expand`s both to the common batch shape, `reshape`s each to 3-D for one `bmm` and `_unsafe_view`s the result back: the six calls section 7 printed, whose two reshapes copy the permuted (B, H, S, D) views.
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# 1. **Predict.** `x = torch.arange(6).reshape(2, 3)` and `y = x.t()`. Does `y` get memory
+#    of its own? Which element of `y` reads the cell that holds `x[1, 0]`, and what happens
+#    to `x` when you write through a view?
+#
+#    <details><summary>Answer</summary>
+#
+#    No memory of its own: `y` is a new record, shape (3, 2) and strides (1, 3), over the
+#    same 48 bytes (`same storage: True`). `x[1, 0]` and `y[0, 1]` both read storage cell 3
+#    (*§ A transpose is a new record over the same storage*). A write through a view is a
+#    write to the base: multiplying the column view `m[:, 1]` by 10 changed `m` itself
+#    (*§ Writing through a view writes the base*).
+#
+#    </details>
+#
+# 2. **Predict.** Does `x.reshape(-1)` copy? Does `y.reshape(-1)`, on the transpose? How
+#    can you tell, without printing an address?
+#
+#    <details><summary>Answer</summary>
+#
+#    `x.reshape(-1)` is a view (`same storage: True`): `x` is contiguous, so one stride
+#    reads its cells in order. Flattening `y` must read cells 0, 3, 1, 4, 2, 5, which no
+#    single stride does: `y.view(-1)` fails, and `y.reshape(-1)` copies (`same storage:
+#    False`; writing `r[0] = 100` left `x[0, 0]` at 0). `reshape` copies when it must, in
+#    the case where `view` raises
+#    (*§ `view` needs compatible strides; `reshape` and `contiguous()` may copy*).
+#    To tell, compare the storages' start addresses, or write through the result and look
+#    at the input.
+#
+#    </details>
+#
+# 3. **Explain.** `m[:, ::2]` reads storage cells 0, 2, 4, 6, 8, 10, always forward. Why is
+#    it not contiguous, while `m[1:2].t()`, with strides (1, 4), is?
+#
+#    <details><summary>Answer</summary>
+#
+#    Contiguous means every dimension of size greater than 1 has the stride a new tensor of
+#    the same shape would get. `m[:, ::2]` has strides (4, 2) where a new (3, 2) tensor has
+#    (2, 1): it skips cells. `m[1:2].t()` has shape (4, 1); its only dimension of size
+#    greater than 1 has stride 1, as a new tensor's would, and the stride 4 of the size-1
+#    dimension is never used (*§ A slice is a view with an offset*).
+#
+#    </details>
+#
+# 4. **Spot the bug.** A helper modifies its argument in place when `t._base is None`,
+#    reasoning that such a tensor is "not a view of anything the caller holds". Which
+#    tensors of this lesson prove it wrong?
+#
+#    <details><summary>Answer</summary>
+#
+#    `base.detach()` and `torch.from_numpy(base.numpy())` both have `_base` None and share
+#    `base`'s storage, so an in-place write to them changes `base`
+#    (*§ Writing through a view writes the base*). `_base` is autograd's bookkeeping, not a
+#    record of aliasing.
+#
+#    </details>
+#
+# 5. **Predict.** The heads are split and moved with `qh = q.transpose(1, 2)`, a free view.
+#    Which of `qh @ kh.transpose(-2, -1)` and `F.scaled_dot_product_attention(qh, kh, vh)`
+#    copies its inputs, and why?
+#
+#    <details><summary>Answer</summary>
+#
+#    The matmul: it is a composite that reshapes both operands to 3-D for one `bmm`, which
+#    merges B and H, the merge `view` refused on these strides, so both reshapes copy
+#    (`copies: 2`, 960 bytes here). SDPA reads the views through their
+#    strides: `copies: 0` (*§ The attention layout*).
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder and implement, in plain Python:
