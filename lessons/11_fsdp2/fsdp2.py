@@ -48,7 +48,7 @@ import torch
 torch.manual_seed(0)
 torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit (lesson 09)
+sys.path.insert(0, str(HERE.parent))  # lessons/: the multi-rank kit (lesson 09), the source map
 from multirank import launch, section, show  # noqa: E402
 
 WORKER = HERE / "worker.py"
@@ -744,7 +744,164 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 #   (embedding and head: 2.1 GB in bf16 for a 128k vocabulary) and one block.
 # - `set_requires_gradient_sync(False)` accumulation is exact; `CPUOffloadPolicy` needs
 #   `pin_memory=False` without an accelerator.
+
+# %% [markdown]
+# ## Read the source
 #
+# Open these in your editor: each stop prints a file of the torch you installed, relative
+# to its site-packages folder, and the line where to start reading (the numbers are your
+# build's, hence `«line»` below). The stops follow this lesson's step: DDP's reducer, then
+# `fully_shard` turning each parameter into a shard, the hook that picks the root, the
+# decision to free a unit after its forward, and the reduce-scatter of its gradients.
+
+# %%
+from sourcemap import read_the_source  # noqa: E402  (lessons/ is on sys.path: first cell)
+
+read_the_source([
+    ("torch/nn/parallel/distributed.py", "def _ddp_init_helper(",
+     "DDP's gradients go through the C++ `dist.Reducer` built here, with the parameters "
+     "assigned to buckets by size (`_DEFAULT_BUCKET_CAP_MB = 25` at the top of the file) and "
+     "`gradient_as_bucket_view` handed to it: the switch that removed section 7's second copy "
+     "of the gradients. `no_sync` further down only sets `require_backward_grad_sync = False`, "
+     "and `_post_forward` then skips `reducer.prepare_for_backward`."),
+    ("torch/distributed/fsdp/_fully_shard/_fully_shard.py", "@contract(state_cls=FSDPState)",
+     "The real `fully_shard`, after its two `@overload`s: `_get_modules_and_states` collects "
+     "the parameters of the module's submodules, stopping at any submodule already given to "
+     "`fully_shard` (bottom-up: one unit per call), and `reshard_after_forward=None` is "
+     "recorded as automatic and passed on as True. `_apply_to_module` then swaps the "
+     "module's class for `FSDP<Class>`, which adds `FSDPModule`'s `unshard()` and "
+     "`set_requires_gradient_sync()`."),
+    ("torch/distributed/fsdp/_fully_shard/_fsdp_param.py", "def _init_sharded_param(",
+     "One parameter becomes its shard: `Shard(0)` unless `shard_placement_fn` returns another "
+     "`Shard`, `_chunk_with_empty` splits it as `torch.chunk` does, this rank's chunk is copied "
+     "into a padded buffer (under `offload_to_cpu` with `pin_memory`, the `pin_memory()` call "
+     "that failed in section 9) and put on the module in place of the original as a DTensor "
+     "`nn.Parameter` (`_setattr_on_modules`)."),
+    ("torch/distributed/fsdp/_fully_shard/_fsdp_state.py", "def _lazy_init(",
+     "Called by `_root_pre_forward` from `_pre_forward`, the forward pre-hook that `init` "
+     "above registers on the module, so only when the module is called through `__call__` (or "
+     "a method wrapped by `register_fsdp_forward_method`): the first state to run forward "
+     "becomes the root and marks the states below it non-root. Under "
+     "`reshard_after_forward=None` it sets the root's `post_forward_mesh_info = None`: the "
+     "root unit stays gathered from its forward to its backward."),
+    ("torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py", "def reshard(self):",
+     "Called after each unit's forward (`post_forward`): it returns at once, leaving the "
+     "gathered parameters on the module, when `_reshard_after_forward` is False (no "
+     "`post_forward_mesh_info`: `False`, or the root under `None`), reshards to the smaller "
+     "group for an int, and otherwise `_to_sharded` swaps the DTensor shards back and frees "
+     "the gathered copy. `post_backward` below returns before any reduce-scatter when "
+     "`reduce_grads` is False, which is what `set_requires_gradient_sync(False)` sets."),
+    ("torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py", "def foreach_reduce(",
+     "A unit's unsharded gradients are copied into one flat buffer of `reduce_dtype` (fp32 "
+     "under section 6's policy), reduce-scattered in one collective that averages "
+     "(`ReduceOp.AVG` for fp32, from `_get_gradient_divide_factors`), and each rank keeps its "
+     "shard's part, cast back to the parameters' dtype. `foreach_all_gather` above is the "
+     "forward's mirror: one all-gather per unit, of the shards cast to `param_dtype` when "
+     "the policy sets one."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# torch/nn/parallel/distributed.py:«line»  `def _ddp_init_helper(`
+#     DDP's gradients go through the C++ `dist.Reducer` built here, with the parameters assigned to buckets by size (`_DEFAULT_BUCKET_CAP_MB = 25` at the top of the file) and `gradient_as_bucket_view` handed to it: the switch that removed section 7's second copy of the gradients. `no_sync` further down only sets `require_backward_grad_sync = False`, and `_post_forward` then skips `reducer.prepare_for_backward`.
+# torch/distributed/fsdp/_fully_shard/_fully_shard.py:«line»  `@contract(state_cls=FSDPState)`
+#     The real `fully_shard`, after its two `@overload`s: `_get_modules_and_states` collects the parameters of the module's submodules, stopping at any submodule already given to `fully_shard` (bottom-up: one unit per call), and `reshard_after_forward=None` is recorded as automatic and passed on as True. `_apply_to_module` then swaps the module's class for `FSDP<Class>`, which adds `FSDPModule`'s `unshard()` and `set_requires_gradient_sync()`.
+# torch/distributed/fsdp/_fully_shard/_fsdp_param.py:«line»  `def _init_sharded_param(`
+#     One parameter becomes its shard: `Shard(0)` unless `shard_placement_fn` returns another `Shard`, `_chunk_with_empty` splits it as `torch.chunk` does, this rank's chunk is copied into a padded buffer (under `offload_to_cpu` with `pin_memory`, the `pin_memory()` call that failed in section 9) and put on the module in place of the original as a DTensor `nn.Parameter` (`_setattr_on_modules`).
+# torch/distributed/fsdp/_fully_shard/_fsdp_state.py:«line»  `def _lazy_init(`
+#     Called by `_root_pre_forward` from `_pre_forward`, the forward pre-hook that `init` above registers on the module, so only when the module is called through `__call__` (or a method wrapped by `register_fsdp_forward_method`): the first state to run forward becomes the root and marks the states below it non-root. Under `reshard_after_forward=None` it sets the root's `post_forward_mesh_info = None`: the root unit stays gathered from its forward to its backward.
+# torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py:«line»  `def reshard(self):`
+#     Called after each unit's forward (`post_forward`): it returns at once, leaving the gathered parameters on the module, when `_reshard_after_forward` is False (no `post_forward_mesh_info`: `False`, or the root under `None`), reshards to the smaller group for an int, and otherwise `_to_sharded` swaps the DTensor shards back and frees the gathered copy. `post_backward` below returns before any reduce-scatter when `reduce_grads` is False, which is what `set_requires_gradient_sync(False)` sets.
+# torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:«line»  `def foreach_reduce(`
+#     A unit's unsharded gradients are copied into one flat buffer of `reduce_dtype` (fp32 under section 6's policy), reduce-scattered in one collective that averages (`ReduceOp.AVG` for fp32, from `_get_gradient_divide_factors`), and each rank keeps its shard's part, cast back to the parameters' dtype. `foreach_all_gather` above is the forward's mirror: one all-gather per unit, of the shards cast to `param_dtype` when the policy sets one.
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# Answer each before you open it; every answer points to the section whose printed lines
+# show it.
+#
+# 1. **Explain.** What does FSDP2 keep resident on each rank, and when does it gather? Take
+#    this lesson's model on 2 ranks with the default `reshard_after_forward=None`: what does
+#    a rank hold at rest, during block 0's forward, and after backward?
+#
+#    <details><summary>Answer</summary>
+#
+#    At rest a rank holds only shards: every parameter is a DTensor `Shard(dim=0)`, 14,816
+#    of the 29,632 elements on each rank
+#    (*§ `fully_shard`: parameters become DTensor shards*), and AdamW's `exp_avg` is a
+#    `Shard(dim=0)` DTensor too (*§ One AdamW step equals one process*). A unit is gathered
+#    by its forward: the root unit (embedding and head) from the first forward until the
+#    embedding's backward, each block only while it computes, once in forward and once more
+#    in backward. During block 0's forward the trace shows `f f s f` (root and block 0
+#    gathered, 126,976 parameter bytes); after backward `s s s s`, the 59,264 bytes of the
+#    shards alone (*§ `reshard_after_forward`: memory or a second all-gather*).
+#
+#    </details>
+#
+# 2. **Predict.** To save memory you switch every unit to `reshard_after_forward=True`. Does
+#    this model's peak of parameter bytes fall below the default's? What does change?
+#
+#    <details><summary>Answer</summary>
+#
+#    No: `True` and `None` both peak at 126,976 bytes, the shards (59,264) plus the gathered
+#    root unit and one block (4,224 + 12,704 elements, 67,712 bytes): the root's forward
+#    wraps the whole forward, so it is gathered while each block runs. What changes is the
+#    time between forward and backward: `True` leaves every unit sharded (59,264 bytes),
+#    `None` keeps the root gathered (76,160), so with `True` the root too must be gathered
+#    again for its backward. `False` keeps every unit gathered, 177,792 bytes, the whole
+#    fp32 model on top of its shards
+#    (*§ `reshard_after_forward`: memory or a second all-gather*).
+#
+#    </details>
+#
+# 3. **Spot the bug.** A training step on a freshly sharded model reads
+#    `model.unshard(); loss = loss_fn(model.forward(x), y); loss.backward(); opt.step()`.
+#    Nothing raises. What went wrong?
+#
+#    <details><summary>Answer</summary>
+#
+#    The root's forward hooks never ran (the hooks are on `__call__`), so nothing
+#    reduce-scattered the root's gradients or swapped its shards back: the root's 5 DTensor
+#    parameters, the ones the optimizer holds, get no gradient (0 of 5), and `head.weight`
+#    is left as a plain `Parameter` whose gradient is this rank's own half-batch gradient,
+#    never averaged. Only the blocks' gradients match one process. Call `model(x)`, or wrap
+#    another entry point with `register_fsdp_forward_method`
+#    (*§ The hooks live on `__call__`*).
+#
+#    </details>
+#
+# 4. **Predict.** With `MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+#    reduce_dtype=torch.float32)`, what dtype are the weights a block computes with, and
+#    what dtype are the parameter and the gradient the optimizer updates?
+#
+#    <details><summary>Answer</summary>
+#
+#    Inside the block the gathered weight, its input and its output are all bf16, the
+#    logits too. At rest the parameter is the fp32 DTensor shard and its gradient is fp32:
+#    AdamW updates fp32 master weights
+#    (*§ Mixed precision: bf16 compute, fp32 master weights*).
+#
+#    </details>
+#
+# 5. **Explain.** On 2 ranks, which of a rank's bytes does FSDP2 halve compared with DDP,
+#    and why does plain DDP hold more than its parameters, gradients and AdamW state?
+#
+#    <details><summary>Answer</summary>
+#
+#    All three are halved: 59,264 bytes of parameters, 59,264 of gradients and 118,528 of
+#    AdamW state per rank, against 118,528, 118,528 and 237,056 with DDP. DDP's allocator
+#    count is the model plus one more copy of the gradients (118,528 bytes, within 1 KiB):
+#    its reducer's bucket, still live after the step. With `gradient_as_bucket_view=True`
+#    each gradient is a view into the bucket and the live bytes equal the model's
+#    (*§ Memory per rank: a model from the tensors, then the allocator*).
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder (check with `make exercises N=11`; `solutions.py` has
