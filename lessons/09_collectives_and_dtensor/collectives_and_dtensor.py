@@ -517,7 +517,147 @@ show(bad, "monitored_barrier")
 #   all-reduces, Partial→Shard reduce-scatters, Replicate→Shard sends nothing. A
 #   column-sharded times row-sharded matmul is Partial, and `full_tensor()` equals the
 #   single-process product up to the order of additions.
+
+# %% [markdown]
+# ## Read the source
 #
+# Open these in your editor: each stop is a file of your installed torch and the line, in
+# *your* version, where something this lesson showed is implemented, with what to look for
+# there. They follow the lesson: a rank joining its group, a mesh getting its groups, DTensor
+# choosing a collective and a placement, and the DETAIL check. (The course's kit,
+# `lessons/multirank.py`, is not PyTorch: it has no stop here.)
+
+# %%
+from sourcemap import read_the_source  # noqa: E402  (lessons/ is on sys.path: first cell)
+
+read_the_source([
+    ("torch/distributed/rendezvous.py", "def _env_rendezvous_handler(",
+     "What `init_process_group` runs when it is given no `init_method` (`env://`): it reads "
+     "`RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` from the environment torchrun set "
+     "(raising 'environment variable ... expected, but not set' when one is missing), then "
+     "`_create_c10d_store` opens a TCPStore at that address, the key-value store through which "
+     "the ranks meet."),
+    ("torch/distributed/device_mesh.py", "def init_device_mesh(",
+     "It builds a layout from `mesh_shape` and the rank map `torch.arange(world size)`, and "
+     "`DeviceMesh.__init__` calls `_init_process_groups`: one process group per mesh dimension. "
+     "For a 1-D mesh over the whole world, `_init_one_process_group` returns the default group "
+     "itself (a new group only when CUDA is available and the default group is gloo), and "
+     "`get_local_rank('dp')` is this rank's rank in that group: the printed mesh coordinate."),
+    ("torch/distributed/tensor/_redistribute.py", "def redistribute_local_tensor(",
+     "The loop over the planned steps, one mesh dimension at a time. Towards `Replicate`, a "
+     "Partial source calls `_reduce_value` and a Shard source `_to_replicate_tensor` (an "
+     "all-gather); towards `Shard`, a Partial source calls `_reduce_shard_value` and a Replicate "
+     "source `_replicate_to_shard`, which only slices the local tensor: the four rows of "
+     "section 3, the last one sending nothing."),
+    ("torch/distributed/tensor/placement_types.py", "class Partial(",
+     "`_reduce_value` is one `funcol.all_reduce` over the mesh dimension's group, and "
+     "`_reduce_shard_value` hands over to `Shard._reduce_shard_tensor`, a "
+     "`funcol.reduce_scatter_single`. These functional collectives run "
+     "`_c10d_functional.all_reduce` and `reduce_scatter_tensor`, the names `CommDebugMode` "
+     "counted."),
+    ("torch/distributed/tensor/_ops/_matrix_ops.py", "def gen_single_dim_einsum_strategies(",
+     "The sharding rules of `mm` (`mk,kn->mn`, registered by `mm_single_dim_strategy` below). "
+     "The 'split contracting dim' loop makes the output `Partial()` when both inputs are "
+     "sharded on k (a's dim 1, b's dim 0): why section 4's `a @ b` came out P(sum) with no "
+     "message."),
+    ("torch/distributed/distributed_c10d.py", "def _create_process_group_wrapper(",
+     "`_new_process_group_helper` calls it only when the debug level is DETAIL at the moment a "
+     "group is made: it wraps the group's backend in a `_ProcessGroupWrapper`, with a gloo "
+     "helper group that checks each collective against the other ranks' before it runs. The "
+     "level counts when the group is made, which is why the worker sets it around one "
+     "`new_group`."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# torch/distributed/rendezvous.py:«line»  `def _env_rendezvous_handler(`
+#     What `init_process_group` runs when it is given no `init_method` (`env://`): it reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` from the environment torchrun set (raising 'environment variable ... expected, but not set' when one is missing), then `_create_c10d_store` opens a TCPStore at that address, the key-value store through which the ranks meet.
+# torch/distributed/device_mesh.py:«line»  `def init_device_mesh(`
+#     It builds a layout from `mesh_shape` and the rank map `torch.arange(world size)`, and `DeviceMesh.__init__` calls `_init_process_groups`: one process group per mesh dimension. For a 1-D mesh over the whole world, `_init_one_process_group` returns the default group itself (a new group only when CUDA is available and the default group is gloo), and `get_local_rank('dp')` is this rank's rank in that group: the printed mesh coordinate.
+# torch/distributed/tensor/_redistribute.py:«line»  `def redistribute_local_tensor(`
+#     The loop over the planned steps, one mesh dimension at a time. Towards `Replicate`, a Partial source calls `_reduce_value` and a Shard source `_to_replicate_tensor` (an all-gather); towards `Shard`, a Partial source calls `_reduce_shard_value` and a Replicate source `_replicate_to_shard`, which only slices the local tensor: the four rows of section 3, the last one sending nothing.
+# torch/distributed/tensor/placement_types.py:«line»  `class Partial(`
+#     `_reduce_value` is one `funcol.all_reduce` over the mesh dimension's group, and `_reduce_shard_value` hands over to `Shard._reduce_shard_tensor`, a `funcol.reduce_scatter_single`. These functional collectives run `_c10d_functional.all_reduce` and `reduce_scatter_tensor`, the names `CommDebugMode` counted.
+# torch/distributed/tensor/_ops/_matrix_ops.py:«line»  `def gen_single_dim_einsum_strategies(`
+#     The sharding rules of `mm` (`mk,kn->mn`, registered by `mm_single_dim_strategy` below). The 'split contracting dim' loop makes the output `Partial()` when both inputs are sharded on k (a's dim 1, b's dim 0): why section 4's `a @ b` came out P(sum) with no message.
+# torch/distributed/distributed_c10d.py:«line»  `def _create_process_group_wrapper(`
+#     `_new_process_group_helper` calls it only when the debug level is DETAIL at the moment a group is made: it wraps the group's backend in a `_ProcessGroupWrapper`, with a gloo helper group that checks each collective against the other ranks' before it runs. The level counts when the group is made, which is why the worker sets it around one `new_group`.
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# 1. **Predict.** Rank 0 holds [1, 2] and rank 1 holds [10, 20], two summands of one vector
+#    (as gradients of two halves of a batch are). A colleague combines them with
+#    `all_gather_single`. What does each rank end with, and which collective gives the vector?
+#
+#    <details><summary>Answer</summary>
+#
+#    Both ranks end with [1, 2, 10, 20]: the summands side by side, 4 elements where the
+#    vector has 2, and none of them right. Summands need a reduction: `all_reduce` gives
+#    [11, 22] on both ranks, and `reduce_scatter_single` gives each rank its half of it, [11]
+#    and [22]. A gather is for shards; a reduction is for partials.
+#    (*§ Collectives on sum-partials*)
+#
+#    </details>
+#
+# 2. **Explain.** Why can the kit not stop a hung launch by killing torchrun's process
+#    session alone, and how does it reach the ranks anyway?
+#
+#    <details><summary>Answer</summary>
+#
+#    Each rank leads a process session of its own (both ranks printed `leads a process
+#    session of its own: True`), so a signal sent to torchrun's session misses them. Every
+#    process of the launch also carries the launch's mark (`carries COURSE_LAUNCH_ID: True`),
+#    and the kit kills the processes that carry it too: after the hung launch's 2 s timeout,
+#    0 processes of it were still running. (*§ Launching ranks without ever hanging*)
+#
+#    </details>
+#
+# 3. **Predict.** On a 1-D mesh of 2 ranks, which collective does each redistribution run:
+#    Shard(0) → Replicate, Partial → Replicate, Partial → Shard(0), Replicate → Shard(0)?
+#
+#    <details><summary>Answer</summary>
+#
+#    An all-gather (`all_gather_into_tensor x1`), an all-reduce (`all_reduce x1`), a
+#    reduce-scatter (`reduce_scatter_tensor x1`), and none at all: from Replicate, every rank
+#    already holds the whole tensor and keeps its slice, [0, 1] on rank 0 and [2, 3] on
+#    rank 1. (*§ DeviceMesh and DTensor placements*)
+#
+#    </details>
+#
+# 4. **Predict.** `a` (2×4) is distributed `Shard(1)` and `b` (4×3) `Shard(0)` over 2 ranks.
+#    What placement does `a @ b` get, what does computing it send, and is its `full_tensor()`
+#    bitwise equal to one process's `a @ b` for random float32 inputs?
+#
+#    <details><summary>Answer</summary>
+#
+#    `P(sum)`, and computing it sends nothing: each rank multiplies its two columns of `a` by
+#    its two rows of `b` into a full-sized summand. `full_tensor()` then runs one all-reduce.
+#    With small integers the result equals the single-process product exactly; with random
+#    float32 inputs it is close but not bitwise equal (`equal False, allclose True`): the
+#    products are added in another order. (*§ A sharded matmul comes out Partial*)
+#
+#    </details>
+#
+# 5. **Spot the bug.** On a group made with a 3 s timeout, rank 0 runs
+#    `dist.all_reduce(x, group=g)` while rank 1 runs `dist.all_gather(parts, x, group=g)`.
+#    What happens, and what makes the cause visible?
+#
+#    <details><summary>Answer</summary>
+#
+#    Collectives are matched by their position in the group, not by name: each rank waits
+#    for data the other never sends, and both raise a `RuntimeError`, but only after seconds
+#    spent waiting, and torchrun reports exit code 1. On a group made while the debug level is
+#    DETAIL, both raise far sooner, with "Detected mismatch between collectives on ranks" and
+#    `Op type: ALLREDUCEvs ALLGATHER`, naming both calls. The fix: every rank makes the same
+#    collectives in the same order. (*§ Collective order is a contract*)
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder and simulate, in one process, what the ranks did: each
