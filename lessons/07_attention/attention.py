@@ -15,7 +15,8 @@
 #   True = ignore), `is_causal`'s upper-left alignment and what a decode step needs;
 # - that `dropout_p` ignores `model.eval()`; grouped-query attention with `enable_gqa`, and
 #   which backend copies K and V for it;
-# - which SDPA backends this build has and which one the CPU runs; what all-masked rows do;
+# - which SDPA backends this build has and which one the CPU runs, and a dtype where the
+#   fused default is the slower one; what all-masked rows do;
 # - FlexAttention: mask functions, block masks and their sparsity, a score function
 #   (ALiBi), one compiled kernel checked against SDPA.
 #
@@ -37,6 +38,7 @@
 import contextlib
 import math
 import os
+import statistics
 import time
 import warnings
 from pathlib import Path
@@ -621,6 +623,69 @@ print(f"MATH closer to float64: {gap_math < gap_bf16}")
 # at least 1.2 times smaller). The price: fp32 copies of Q, K and V and fp32 scores, twice
 # the bytes of bf16 ones. `TorchDispatchMode` (lesson 02) sees each ATen op with its result.
 #
+# **Predict.** The flash kernel is the CPU's default because it is usually faster than the
+# math backend. Is it faster in every dtype? Time both on one shape, (1, 2, 128, 64), in
+# fp32, bf16 and fp16.
+
+
+# %%
+def seconds(fn):
+    """Wall time of one call of fn(), in seconds."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def math_over_flash(q, k, v, reps=101):
+    """Median MATH time / median FLASH_ATTENTION time (above 1: flash is faster). The two
+    backends run in alternation, so that a load on the machine slows both alike."""
+    times = {"MATH": [], "FLASH_ATTENTION": []}
+    for i in range(reps + 1):  # the first round is a warm-up
+        for name, ts in times.items():
+            with sdpa_kernel(SDPBackend.__members__[name]):
+                t = seconds(lambda: F.scaled_dot_product_attention(q, k, v))
+            if i:
+                ts.append(t)
+    return statistics.median(times["MATH"]) / statistics.median(times["FLASH_ATTENTION"])
+
+
+speed = {}
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    qt, kt, vt = (torch.randn(1, 2, 128, 64, dtype=dtype) for _ in range(3))  # (B, H, S, D)
+    speed[dtype] = math_over_flash(qt, kt, vt)
+    print(f"{str(dtype).removeprefix('torch.'):<9} math time / flash time {speed[dtype]:.2f}")
+fp16_check = getattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", None)  # PyTorch's own check
+FP16_MATMUL = bool(fp16_check and fp16_check())  # False too in a build without oneDNN
+print(f"oneDNN has an fp16 matrix path for this CPU: {FP16_MATMUL}")
+
+# %% [markdown]
+# Output:
+# ```text
+# float32   math time / flash time «ratio»
+# bfloat16  math time / flash time «ratio»
+# float16   math time / flash time «ratio»
+# oneDNN has an fp16 matrix path for this CPU: «name»
+# ```
+#
+# A ratio above 1 means the flash kernel is faster. Timings depend on the machine, hence
+# the placeholders, and so does the last line: it is PyTorch's own check
+# (`torch.ops.mkldnn._is_mkldnn_fp16_supported()`), True on x86 CPUs that have the fp16
+# instructions oneDNN needs (recent Xeons with AVX512-FP16, for example). Where it prints
+# False on an x86 CPU, fp16 reverses the order: the math backend is faster, at the very
+# shape where flash wins in fp32. The test asserts it there, with margins that hold on a
+# loaded machine (fp16's ratio below 0.85; fp32's above 1 and at least 1.5 times fp16's).
+# Yet the default picks the flash kernel for fp16 too (the test checks that as well).
+#
+# The two code paths explain it. The math backend casts fp16 to fp32 first, as it does
+# bf16 above (the test checks its op log), and multiplies with the fp32 BLAS. The flash
+# kernel multiplies its fp16 tiles as they are (accumulating in fp32), and without fp16
+# matrix instructions PyTorch's CPU matrix product for fp16 has no fast path (the test
+# times a plain fp16 matmul at least 3 times slower than fp32's there). A fused kernel
+# saves memory traffic; it cannot make up for slow arithmetic. (The bf16 row is shown for
+# comparison, not asserted.) So "fused is faster" is a rule of thumb, not a law: on your
+# machine, with your shapes and dtype, time the `sdpa_kernel` choices as this cell does
+# (alternating the two, taking medians) before trusting the default.
+#
 # **Predict.** Older code restricts backends with `torch.backends.cuda.sdp_kernel(...)`.
 # Does it still work in 2.13.0?
 
@@ -945,6 +1010,9 @@ n_graphs = graph_count() - graphs_before
 # - On this CPU build: MATH and a CPU flash kernel (the default; fp32/fp64/bf16, masks
 #   allowed); EFFICIENT/CUDNN fail with "No viable backend". All-masked rows give 0 in
 #   SDPA 2.13.0 and NaN in the formula: avoid them.
+# - Fused is not always faster: on an x86 CPU without oneDNN's fp16 matrix path, fp16
+#   attention runs faster on the math backend (fp32 inside) than on the default flash
+#   kernel. Time the backends on your own shapes and dtype.
 # - FlexAttention: `mask_mod` + `create_block_mask` (block sparsity) + `score_mod`, one
 #   compiled kernel per pair of functions; put the varying data in tensors to compile
 #   once. No backward on CPU in 2.13.0, and no compiled CPU kernel without AVX2 or on

@@ -7,6 +7,7 @@ read its results from `lesson.ns` and never compile flex again on the CPU.
 """
 
 import math
+import platform
 import statistics
 import sys
 import types
@@ -546,3 +547,38 @@ def test_flash_saves_no_scores(lesson):
         shapes = ns["saved_shapes"](o.grad_fn)
         assert any(s[-2:] == (S, S) for s in shapes) == has_scores, (backend, shapes)
     assert (1, 2, S) in shapes  # flash: one log-sum-exp per query row
+
+
+# ----------------------------------------------------------------------------------------
+# "Fused is not always faster": the dtype timing of section 7
+
+
+def test_fused_not_always_faster(lesson):
+    """The prose of the dtype timing: math computes fp16 in fp32, the default still picks the
+    flash kernel for fp16, and on an x86 CPU without oneDNN's fp16 matrix path the math
+    backend beats flash in fp16 at the shape where flash wins in fp32, because an fp16
+    matmul is slow there. Margins far from the measured values (fp16 about 0.55, fp32 1.2 to
+    1.4 under AVX-512, AVX2 and no vector ISA; fp16 matmul 15 to 45 times fp32's): they hold
+    with the cores loaded."""
+    ns = lesson.ns
+    speed = ns["speed"]
+    assert list(speed) == [torch.float32, torch.bfloat16, torch.float16]
+    assert all(0 < r < 100 for r in speed.values()), speed
+    t16 = torch.randn(1, 2, 128, 64, dtype=torch.float16)  # (B, H, S, D)
+    assert ns["sdpa_op"](t16, t16, t16) == "aten::_scaled_dot_product_flash_attention_for_cpu"
+    with sdpa_kernel(SDPBackend.MATH), ns["DtypeLog"]() as log:
+        F.scaled_dot_product_attention(t16, t16, t16)
+    assert [d for n, d in log.ops if n == "_to_copy"][:3] == [torch.float32] * 3
+    assert all(d == torch.float32 for n, d in log.ops if n in ("bmm", "_safe_softmax"))
+    if platform.machine().lower() not in ("x86_64", "amd64") or ns["FP16_MATMUL"]:
+        pytest.skip("the timing claims are made for x86 CPUs without oneDNN's fp16 matrix path")
+    assert speed[torch.float16] < 0.85, speed
+    assert speed[torch.float32] > 1.0 and speed[torch.float32] > 1.5 * speed[torch.float16], speed
+    a16 = torch.randn(128, 64, dtype=torch.float16)  # (S, D)
+    a32 = a16.float()
+    times = {torch.float16: [], torch.float32: []}
+    for _ in range(41):  # alternating, as the lesson times the backends
+        times[torch.float16].append(ns["seconds"](lambda: a16 @ a16.T))
+        times[torch.float32].append(ns["seconds"](lambda: a32 @ a32.T))
+    slowdown = statistics.median(times[torch.float16]) / statistics.median(times[torch.float32])
+    assert slowdown > 3, slowdown
