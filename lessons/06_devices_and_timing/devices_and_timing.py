@@ -39,6 +39,7 @@
 import json
 import os
 import statistics
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -1279,7 +1280,145 @@ print(f"torch.randn(4).is_pinned(): {torch.randn(4).is_pinned()}")
 #   work; `memory_reserved` (what the caching allocator holds) exceeds `memory_allocated`
 #   (live tensors); `expandable_segments` curbs fragmentation; a memory snapshot says who
 #   held what.
+
+# %% [markdown]
+# ## Read the source
 #
+# Open these files in your editor: each path is relative to the folder that holds your
+# installed `torch` (your site-packages), and the line numbers are those of your
+# installation. The stops follow the lesson: the host read behind `.item()` and
+# formatting, the benchmark timer, the profiler's schedule, the FLOP counter, and the
+# counters of the CUDA caching allocator.
+
+# %%
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's source map, sourcemap.py
+from sourcemap import read_the_source  # noqa: E402
+
+read_the_source([
+    ("torch/_tensor.py", "def __format__(",
+     "A 0-d tensor is formatted as `self.detach().item()`: an f-string of the loss is a host "
+     "read, the `aten::detach` and `aten::item` that section 4 found in its `format` region."),
+    ("torchgen/packaged/ATen/native/native_functions.yaml",
+     "func: _local_scalar_dense(Tensor self) -> Scalar",
+     "The op that reads one value into Python, with a kernel per device (CPU, CUDA, MPS); the "
+     "CUDA kernel copies the value to the host and waits for the stream. `func: item`, a few "
+     "entries above, has no `dispatch:` of its own: it is a composite that calls this op."),
+    ("torch/utils/benchmark/utils/timer.py", "def _estimate_block_size(",
+     "How `blocked_autorange` (just below) picks its block: 1, 10, 100, ... calls, until the "
+     "timer's own overhead is at most 1e-4 of a block and a block lasts `min_run_time / 1000` "
+     "(or one block outlasts `min_run_time`); these runs are its warm-up. `timer()` at the top "
+     "of the file synchronises the accelerator before reading the clock, and `Timer.__init__` "
+     "defaults to `num_threads=1`."),
+    ("torch/profiler/profiler.py", "def schedule(",
+     "`schedule_fn` turns a step number into NONE, WARMUP, RECORD or, on a cycle's last active "
+     "step, RECORD_AND_SAVE, and returns NONE once `repeat` cycles are done; `profile.step()` "
+     "asks it about the next step, and `action_map` calls `on_trace_ready` when "
+     "RECORD_AND_SAVE ends."),
+    ("torch/utils/flop_counter.py", "def mm_flop(",
+     "`m * n * 2 * k`, section 6's 2·m·k·n, registered for `aten.mm`; `addmm_flop` reuses it, "
+     "so a bias add counts nothing, and `FlopCounterMode._count_flops` counts only ops that "
+     "have a formula in `flop_registry`: the embedding has none and counts 0."),
+    ("torch/cuda/memory.py", "def memory_reserved(",
+     "It reads `reserved_bytes.all.current` from the caching allocator's `memory_stats()`, "
+     "where `memory_allocated` just above reads `allocated_bytes.all.current`: bytes held "
+     "from CUDA against bytes in live tensors. `empty_cache`, near the top of the file, "
+     "releases the cached memory that no tensor occupies."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# torch/_tensor.py:«line»  `def __format__(`
+#     A 0-d tensor is formatted as `self.detach().item()`: an f-string of the loss is a host read, the `aten::detach` and `aten::item` that section 4 found in its `format` region.
+# torchgen/packaged/ATen/native/native_functions.yaml:«line»  `func: _local_scalar_dense(Tensor self) -> Scalar`
+#     The op that reads one value into Python, with a kernel per device (CPU, CUDA, MPS); the CUDA kernel copies the value to the host and waits for the stream. `func: item`, a few entries above, has no `dispatch:` of its own: it is a composite that calls this op.
+# torch/utils/benchmark/utils/timer.py:«line»  `def _estimate_block_size(`
+#     How `blocked_autorange` (just below) picks its block: 1, 10, 100, ... calls, until the timer's own overhead is at most 1e-4 of a block and a block lasts `min_run_time / 1000` (or one block outlasts `min_run_time`); these runs are its warm-up. `timer()` at the top of the file synchronises the accelerator before reading the clock, and `Timer.__init__` defaults to `num_threads=1`.
+# torch/profiler/profiler.py:«line»  `def schedule(`
+#     `schedule_fn` turns a step number into NONE, WARMUP, RECORD or, on a cycle's last active step, RECORD_AND_SAVE, and returns NONE once `repeat` cycles are done; `profile.step()` asks it about the next step, and `action_map` calls `on_trace_ready` when RECORD_AND_SAVE ends.
+# torch/utils/flop_counter.py:«line»  `def mm_flop(`
+#     `m * n * 2 * k`, section 6's 2·m·k·n, registered for `aten.mm`; `addmm_flop` reuses it, so a bias add counts nothing, and `FlopCounterMode._count_flops` counts only ops that have a formula in `flop_registry`: the embedding has none and counts 0.
+# torch/cuda/memory.py:«line»  `def memory_reserved(`
+#     It reads `reserved_bytes.all.current` from the caching allocator's `memory_stats()`, where `memory_allocated` just above reads `allocated_bytes.all.current`: bytes held from CUDA against bytes in live tensors. `empty_cache`, near the top of the file, releases the cached memory that no tensor occupies.
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# 1. **Predict.** A kernel queues 5 ms of device work and returns. You read the clock
+#    (a) when the call returns, (b) after that device's `synchronize()`, (c) after
+#    `torch.cpu.synchronize()`. What does each reading measure?
+#
+#    <details><summary>Answer</summary>
+#
+#    (a) The launch: on the simulated queue the median stays below a tenth of the 5 ms,
+#    whatever the work, while (b) reads at least the 5 ms, and 4 queued launches at least
+#    20 ms, the test checks (*§ Why GPU timings lie*). (c) The launch again: the CPU's
+#    synchronize knows nothing of that device's queue, so the same loop times launches
+#    (*§ Honest timing: warm-up, repeats, the median*). Synchronise the device that does the
+#    work.
+#
+#    </details>
+#
+# 2. **Explain.** One of 21 timed calls is held up 50 ms by another process. Which of the
+#    median, the mean and the max do you report, and why?
+#
+#    <details><summary>Answer</summary>
+#
+#    The median. The max holds the whole 50 ms and the mean carries at least a 21st of it,
+#    while the median stays that of the undisturbed calls, below half the max (the test
+#    checks all three). Quote it with the number of runs and a spread, such as the IQR
+#    that `Timer.blocked_autorange` reports (*§ Honest timing: warm-up, repeats, the median*).
+#
+#    </details>
+#
+# 3. **Spot the bug.** Every step of a GPU training loop runs `log.append(loss.item())`,
+#    `print(f"loss {loss:.4f}")`, `if loss < 1e-3: break` and `keep.append(pred.cpu())`.
+#    Which of them does a CPU profile show reading a value on the host, and which does it
+#    miss?
+#
+#    <details><summary>Answer</summary>
+#
+#    It shows three: `.item()`, the f-string (through `Tensor.__format__`: `aten::detach`,
+#    `aten::item`) and the branch (`aten::lt`, then `bool()`'s `aten::is_nonzero`) each make
+#    one `aten::_local_scalar_dense` per step, 5 in 5 steps. It misses `.cpu()`: on the CPU
+#    that line runs only `aten::to` and reads nothing, because the tensor is already there,
+#    so a CPU profile cannot show what it costs on a GPU. It would miss `.tolist()` too,
+#    which reads its values without `_local_scalar_dense`
+#    (*§ Hidden synchronisations in a training loop*).
+#
+#    </details>
+#
+# 4. **Predict.** `FlopCounterMode` counts one training step of an MLP (batch 1024,
+#    512 → 512 → 10). Is it 6 × weights × batch? And what does an `nn.Embedding` of 64,000
+#    parameters count, forward and backward?
+#
+#    <details><summary>Answer</summary>
+#
+#    Not quite: 1,105,199,104 FLOPs, which is 6 · W · B = 1,642,070,016 minus one matmul of
+#    2 · B · D · H. The forward pass does 2 FLOPs per weight per example and the backward
+#    4 (the weight gradient and the input gradient), but nothing needs the gradient of the
+#    input batch, so that matmul never runs. The embedding counts 0 FLOPs: it is a gather,
+#    so its parameters do not belong in the N of 6 · N · tokens
+#    (*§ FLOPs: counting what a step does*).
+#
+#    </details>
+#
+# 5. **Explain.** A 16² matmul has an arithmetic intensity of 2.667 FLOP/byte, the
+#    elementwise chain 0.125. Which regime is each in, and which is the 1024² matmul in?
+#
+#    <details><summary>Answer</summary>
+#
+#    The 16² matmul is overhead-bound: its 8,192 FLOPs take less than 3 times as long as a
+#    1×1 matmul, so its time is the call, not the arithmetic or the bytes, whatever its
+#    intensity. The chain, at 0.125 FLOP/byte, is left of the ridge: memory-bound. The 1024²
+#    matmul, at 170.667 FLOP/byte, is right of it: compute-bound
+#    (*§ Three regimes: compute, memory, overhead*).
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder and implement:
