@@ -39,6 +39,7 @@
 import contextlib
 import os
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -52,6 +53,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # one thread: reproducible results
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 DEVICE = torch.device(os.environ.get("COURSE_DEVICE", "cpu"))
 Key = torch._C.DispatchKey  # private: the dispatcher's key names
 
@@ -913,7 +915,159 @@ for name, op in [("double_bad", double_bad), ("double_good", double_good)]:
 # - A custom op's fake implementation is a contract on shape, dtype *and strides*; break it
 #   and eager code works while compiled code fails far from the op. Run
 #   `torch.library.opcheck` on every custom op.
+
+# %% [markdown]
+# ## Read the source
 #
+# Where PyTorch implements the path this lesson followed. Open each file in your editor at
+# the line printed: the paths are inside the torch you installed, so the line numbers are
+# those of your installation. The stops go down one call: the Python hook above the
+# dispatcher, the dispatcher's call, the order of the keys, the `Python` key that dispatch
+# modes use; then where an operator comes from: its yaml entry, and the generator that
+# turns the yaml into registered kernels.
+
+# %%
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's source map, sourcemap.py
+from sourcemap import read_the_source  # noqa: E402
+
+read_the_source([
+    ("torch/overrides.py", "def handle_torch_function(",
+     "The layer above the dispatcher: when an argument defines `__torch_function__` or a "
+     "`TorchFunctionMode` is active, the call is handed over as the Python function you called, "
+     "before any ATen op runs (this is the version for functions written in Python; built-ins "
+     "such as `torch.mm` use the C++ twin its docstring names). `class TorchFunctionMode`, "
+     "further down, is the mode that sees section 2's spellings (`torch.matmul`, `F.linear`), "
+     "which `OpLog`, a dispatch mode, never sees."),
+    ("torch/include/ATen/core/dispatch/Dispatcher.h", "Return Dispatcher::call(",
+     "One call's whole path: the key set comes from the arguments through "
+     "`getDispatchKeySetUnboxed` (which adds the thread's included keys and removes its excluded "
+     "ones, in `DispatchKeyExtractor.h`), `lookup` finds the kernel of the highest key, and a "
+     "profiler callback wraps it (`callWithDispatchKeySlowPath`). `Dispatcher::redispatch`, just "
+     "below, is how a layer passes the call down, without the profiler: that is why section 4's "
+     "profile counts `aten::addmm` once, not once per layer."),
+    ("torch/include/c10/core/DispatchKey.h", "enum class DispatchKey : uint16_t",
+     "The functionality keys in priority order, lowest first: `Dense` (the backend kernel, "
+     "`CPU`), then `Python`, `Functionalize`, `ADInplaceOrView`, `AutogradFunctionality` "
+     "(`AutogradCPU` for a CPU tensor), `AutocastCPU`, `FuncTorchBatched`, `PythonTLSSnapshot`: "
+     "the keys of sections 3 and 6. A `DispatchKeySet` prints in this order, and the dispatcher "
+     "runs the highest key the thread has not switched off first: autocast (when it is on), "
+     "then autograd, then `ADInplaceOrView` (for view and in-place ops), then the CPU kernel."),
+    ("torch/utils/_python_dispatch.py", "class TorchDispatchMode",
+     "`OpLog`'s base class. `__enter__` ends in `_push_mode(self)`, which puts the mode on the "
+     "thread's stack; while it is there the thread's included keys hold `Python` and "
+     "`PythonTLSSnapshot`, so every ATen call, once autograd (a higher key) has done its part, "
+     "reaches the `Python` key, which calls your `__torch_dispatch__`."),
+    ("torchgen/packaged/ATen/native/native_functions.yaml", "func: mm(Tensor self, Tensor mat2) -> Tensor",
+     "The entry of `aten::mm`, where section 2's spellings end: its `func:` line is the schema "
+     "section 1 printed and, like `mul.Tensor`, it is `structured_delegate: mm.out`, whose entry "
+     "just below names the C++ kernel of each backend (`CPU: mm_out_cpu`). Earlier in the file, "
+     "`func: matmul(` has no `CPU:` line, only `CompositeImplicitAutograd: matmul` (and "
+     "nested-tensor kernels): a composite, which a dispatch mode never sees."),
+    ("torchgen/gen.py", "def gen_source_files(",
+     "Where the yaml becomes registration code: for each dispatch key it writes "
+     "`Register{dispatch_key}.cpp` from the template `RegisterDispatchKey.cpp` (in 4 shards for "
+     "CPU: the `RegisterCPU_<n>.cpp` in which section 1 found `mul.Tensor`'s CPU kernel), and "
+     "further down `RegisterSchema.cpp`, which registers the schemas. `parse_native_yaml`, near "
+     "the top, reads the yaml."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# torch/overrides.py:«line»  `def handle_torch_function(`
+#     The layer above the dispatcher: when an argument defines `__torch_function__` or a `TorchFunctionMode` is active, the call is handed over as the Python function you called, before any ATen op runs (this is the version for functions written in Python; built-ins such as `torch.mm` use the C++ twin its docstring names). `class TorchFunctionMode`, further down, is the mode that sees section 2's spellings (`torch.matmul`, `F.linear`), which `OpLog`, a dispatch mode, never sees.
+# torch/include/ATen/core/dispatch/Dispatcher.h:«line»  `Return Dispatcher::call(`
+#     One call's whole path: the key set comes from the arguments through `getDispatchKeySetUnboxed` (which adds the thread's included keys and removes its excluded ones, in `DispatchKeyExtractor.h`), `lookup` finds the kernel of the highest key, and a profiler callback wraps it (`callWithDispatchKeySlowPath`). `Dispatcher::redispatch`, just below, is how a layer passes the call down, without the profiler: that is why section 4's profile counts `aten::addmm` once, not once per layer.
+# torch/include/c10/core/DispatchKey.h:«line»  `enum class DispatchKey : uint16_t`
+#     The functionality keys in priority order, lowest first: `Dense` (the backend kernel, `CPU`), then `Python`, `Functionalize`, `ADInplaceOrView`, `AutogradFunctionality` (`AutogradCPU` for a CPU tensor), `AutocastCPU`, `FuncTorchBatched`, `PythonTLSSnapshot`: the keys of sections 3 and 6. A `DispatchKeySet` prints in this order, and the dispatcher runs the highest key the thread has not switched off first: autocast (when it is on), then autograd, then `ADInplaceOrView` (for view and in-place ops), then the CPU kernel.
+# torch/utils/_python_dispatch.py:«line»  `class TorchDispatchMode`
+#     `OpLog`'s base class. `__enter__` ends in `_push_mode(self)`, which puts the mode on the thread's stack; while it is there the thread's included keys hold `Python` and `PythonTLSSnapshot`, so every ATen call, once autograd (a higher key) has done its part, reaches the `Python` key, which calls your `__torch_dispatch__`.
+# torchgen/packaged/ATen/native/native_functions.yaml:«line»  `func: mm(Tensor self, Tensor mat2) -> Tensor`
+#     The entry of `aten::mm`, where section 2's spellings end: its `func:` line is the schema section 1 printed and, like `mul.Tensor`, it is `structured_delegate: mm.out`, whose entry just below names the C++ kernel of each backend (`CPU: mm_out_cpu`). Earlier in the file, `func: matmul(` has no `CPU:` line, only `CompositeImplicitAutograd: matmul` (and nested-tensor kernels): a composite, which a dispatch mode never sees.
+# torchgen/gen.py:«line»  `def gen_source_files(`
+#     Where the yaml becomes registration code: for each dispatch key it writes `Register{dispatch_key}.cpp` from the template `RegisterDispatchKey.cpp` (in 4 shards for CPU: the `RegisterCPU_<n>.cpp` in which section 1 found `mul.Tensor`'s CPU kernel), and further down `RegisterSchema.cpp`, which registers the schemas. `parse_native_yaml`, near the top, reads the yaml.
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# 1. **Predict.** `torch.mm(x, w)`, `x @ w` and `F.linear(x, w.t())` compute the same
+#    product. Which ATen ops does a `TorchDispatchMode` see for each, and why does it never
+#    see `aten::matmul` or `aten::linear`, which the profiler records?
+#
+#    <details><summary>Answer</summary>
+#
+#    All three end in `aten.mm.default`; for `F.linear` the mode first sees two
+#    `aten.t.default` (the weight transposed back: two views, no copy). The profiler's
+#    top-level calls are `aten::mm`, `aten::matmul`, and `aten::t`, `aten::linear`:
+#    `matmul` and `linear` are composites, written in terms of other ATen ops, and they
+#    have decomposed by the time a call reaches the mode
+#    (*§ Watching the calls: a dispatch mode*).
+#
+#    </details>
+#
+# 2. **Predict.** Does `torch.ones(3, requires_grad=True)` carry other dispatch keys than
+#    `torch.ones(3)`? Which layers do `torch.no_grad()` and `torch.inference_mode()` switch
+#    off for every call?
+#
+#    <details><summary>Answer</summary>
+#
+#    The same keys, `(CPU, ADInplaceOrView, AutogradCPU, AutocastCPU)`: the autograd layer
+#    runs for both and reads the `requires_grad` flag. `no_grad` switches off nothing more
+#    than with no mode (only `AutocastCPU`, which is off unless autocast is on).
+#    `inference_mode` switches off `Autograd`, but not `ADInplaceOrView`: `t.add_(1)` on an
+#    ordinary tensor still bumps its version inside it
+#    (*§ Dispatch keys: which layers a call goes through*).
+#
+#    </details>
+#
+# 3. **Explain.** In the training step, `OpLog` logged four `aten.detach` calls (one forward,
+#    three backward); the profiler, with no mode, records two, both from `AccumulateGrad`.
+#    Where do the other two come from?
+#
+#    <details><summary>Answer</summary>
+#
+#    From the watching itself. Saving `_log_softmax`'s output for backward, and unpacking it
+#    in `LogSoftmaxBackward0`, each make a shallow copy of a tensor; with a Python mode
+#    active that copy is an `aten::detach` call handed to the mode, and the profile under
+#    `NoOp` shows one inside `_log_softmax` and one inside `LogSoftmaxBackward0`.
+#    `fresh.data` shows the mechanism alone: no ATen call with no mode, `aten.detach.default`
+#    inside `OpLog`
+#    (*§ What a training step really runs, forward and backward*).
+#
+#    </details>
+#
+# 4. **Explain.** The entry of `mul.Tensor` in `native_functions.yaml` has no `CPU:` line.
+#    Where does its CPU kernel come from, and who wrote it?
+#
+#    <details><summary>Answer</summary>
+#
+#    `mul.Tensor` is `structured_delegate: mul.out`, and the `mul.out` entry names the C++
+#    function `mul_out` for CPU (and CUDA, MPS, MTIA). The kernel registered for
+#    `mul.Tensor`'s CPU key lives in `RegisterCPU.cpp`, generated by torchgen, and so does
+#    its autograd kernel, in `VariableType.cpp`; the `vmap` rule (`FuncTorchBatched`) is
+#    written by hand
+#    (*§ Every call names an operator with a schema*).
+#
+#    </details>
+#
+# 5. **Spot the bug.** A custom op returns its result column-major; its fake implementation
+#    returns `torch.empty_like(x)`. Eager code that reshapes the output to 1-D works. What
+#    breaks under `torch.compile`, and what catches the bug at the op?
+#
+#    <details><summary>Answer</summary>
+#
+#    The fake output claims strides (4, 1) where the real one has (1, 3), so while tracing
+#    `reshape` becomes a plain `aten.view` (eagerly it was `clone` then `_unsafe_view`). The
+#    compiled call runs that `view` on the real output and fails: "view size is not
+#    compatible with input tensor's size and stride". `torch.library.opcheck` fails the op's
+#    `test_faketensor` with the stride mismatch, right where the op is registered
+#    (*§ A custom op's stride contract*).
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder and implement `written_inputs(fn, *inputs)`: which of
