@@ -26,6 +26,8 @@
 #   of the CPU's last-level cache, and what the first call costs;
 # - what AOTAutograd hands the compiler (functionalized, decomposed), what the compile modes
 #   set, and regional compilation of repeated blocks.
+# - where compile goes with DDP and FSDP2: DDP's graph split at bucket boundaries
+#   (`optimize_ddp`), and torchtitan's order, compile each block, then `fully_shard`.
 #
 # **Prerequisites:** lesson 02 (ATen operators and the dispatcher), lesson 03 (autograd),
 # lesson 05 (autocast); lesson 06 for honest timing.
@@ -59,9 +61,12 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 import torch._dynamo as dynamo
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 try:
     import resource  # Unix only: counts page faults in section 6
@@ -995,8 +1000,254 @@ print(f"whole model:       {len(whole.graphs)} graph, ops {graph_ops(whole.graph
 # receives the data (no `requires_grad`), blocks 1 to 3 receive an activation that requires
 # grad, and `requires_grad` is guarded. Still two graphs at any depth (the test checks 8
 # blocks), where the whole model is one graph as long as all its blocks together, traced
-# and compiled again for each change of depth. How compile combines with DDP and FSDP2
-# wrappers is not shown here.
+# and compiled again for each change of depth.
+
+# %% [markdown]
+# ## 9. Compile inside the data-parallel wrapper: DDP and FSDP2
+#
+# Lessons 09 to 13 spread training over ranks with two wrappers: DDP (every rank holds the
+# whole model and all-reduces the gradients) and FSDP2 (`fully_shard`: every rank holds a
+# shard and all-gathers the parameters when a block runs). Both work through hooks that fire
+# while autograd runs. A compiled region's backward is *one* autograd node: every gradient
+# it makes becomes ready at the same moment, when the whole node has finished. So where the
+# compiled regions begin and end decides when the wrapper's hooks can fire.
+#
+# We need no second process to watch this: a gloo process group of *one* rank can live
+# inside this process (`dist.HashStore()` is an in-memory rendezvous). Its all-reduce has
+# nothing to add, but DDP and FSDP2 do all their bookkeeping, and Dynamo sees what it sees
+# with many ranks. The group is destroyed, and Dynamo's settings restored, before each cell
+# ends.
+#
+# **Predict.** A stack of four `Linear(512, 512)` + ReLU layers (1 MiB of weights each) is
+# wrapped in DDP with `bucket_cap_mb=1`, so that each layer's gradients make one bucket, and
+# compiled. How many graphs does Dynamo hand the backend with the default
+# `torch._dynamo.config.optimize_ddp=True`? With `False`? Does it matter whether you compile
+# the DDP module, `torch.compile(DDP(model))`, or compile the model and then wrap it,
+# `model.compile()` then `DDP(model)`?
+
+# %%
+class Stack(torch.nn.Module):
+    """n Linear(d, d) + ReLU layers, in a class of our own (below: why not nn.Sequential)."""
+
+    def __init__(self, n=4, d=512):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(n))
+
+    def forward(self, x):  # (B, d)
+        for layer in self.layers:
+            x = layer(x).relu()
+        return x
+
+
+class AotCounting(CountingBackend):
+    """Keeps each graph, like CountingBackend, and hands it to aot_eager (a real backward)."""
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+
+@contextlib.contextmanager
+def one_rank_group():
+    """A gloo process group of one rank in this process: no launcher, no other rank."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def train_step(model, x):
+    """[loss, grad of each parameter] after one forward and backward (full tensors)."""
+    model.zero_grad(set_to_none=True)
+    loss = model(x).square().mean()
+    loss.backward()
+    grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in model.parameters()]
+    return [loss.detach()] + [g.clone() for g in grads]
+
+
+def max_gap(a, b):
+    return max((u - v).abs().max().item() for u, v in zip(a, b))
+
+
+def ddp_graphs(order, optimize_ddp, x, ref, cap=1):
+    """Graphs captured for one DDP training step (bucket_cap_mb=cap), the gap to eager DDP's."""
+    dynamo.reset()
+    saved, dynamo.config.optimize_ddp = dynamo.config.optimize_ddp, optimize_ddp
+    try:
+        torch.manual_seed(0)
+        model, counting = Stack(), AotCounting()
+        if order == "compile(DDP(model))":
+            ddp = torch.compile(DDP(model, bucket_cap_mb=cap), backend=counting)
+        else:  # "DDP(model.compile())": compile the model, then wrap it
+            model.compile(backend=counting)
+            ddp = DDP(model, bucket_cap_mb=cap)
+        return counting.graphs, max_gap(train_step(ddp, x), ref)
+    finally:
+        dynamo.config.optimize_ddp = saved
+        dynamo.reset()
+
+
+def sequential_graphs():
+    """Graphs captured by model.compile() and by torch.compile(model) for an nn.Sequential."""
+    seq, a, b = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), CountingBackend(), CountingBackend()
+    torch.compile(seq, backend=a)(torch.randn(2, 8))
+    dynamo.reset()
+    seq.compile(backend=b)
+    seq(torch.randn(2, 8))
+    dynamo.reset()
+    return len(b.graphs), len(a.graphs)
+
+
+layer_bytes = sum(p.nbytes for p in Stack().layers[0].parameters())
+print(f"one layer's parameters: {layer_bytes:,} bytes; bucket_cap_mb=1: {2**20:,} bytes")
+xd = torch.randn(8, 512)  # (B, d)
+ddp_runs = {}
+with one_rank_group():
+    torch.manual_seed(0)
+    ddp_ref = train_step(DDP(Stack(), bucket_cap_mb=1), xd)  # eager DDP
+    for order in ["compile(DDP(model))", "DDP(model.compile())"]:
+        for opt in [True, False]:
+            graphs, gap = ddp_runs[order, opt] = ddp_graphs(order, opt, xd, ddp_ref)
+            per_graph = [graph_ops(gm).count("linear") for gm in graphs]
+            print(f"{order:<21} optimize_ddp={opt!s:<5}: {len(graphs)} graphs, layers per graph "
+                  f"{per_graph}, loss and grads within 1e-6 of eager DDP: {gap < 1e-6}")
+print(f"dist initialized after the block: {dist.is_initialized()}, optimize_ddp: {dynamo.config.optimize_ddp}")
+seq_counts = sequential_graphs()
+print(f"nn.Sequential: model.compile() {seq_counts[0]} graphs, torch.compile(model) {seq_counts[1]} graph")
+
+# %% [markdown]
+# Output:
+# ```text
+# one layer's parameters: 1,050,624 bytes; bucket_cap_mb=1: 1,048,576 bytes
+# compile(DDP(model))   optimize_ddp=True : 4 graphs, layers per graph [1, 1, 1, 1], loss and grads within 1e-6 of eager DDP: True
+# compile(DDP(model))   optimize_ddp=False: 1 graphs, layers per graph [4], loss and grads within 1e-6 of eager DDP: True
+# DDP(model.compile())  optimize_ddp=True : 4 graphs, layers per graph [1, 1, 1, 1], loss and grads within 1e-6 of eager DDP: True
+# DDP(model.compile())  optimize_ddp=False: 1 graphs, layers per graph [4], loss and grads within 1e-6 of eager DDP: True
+# dist initialized after the block: False, optimize_ddp: True
+# nn.Sequential: model.compile() 0 graphs, torch.compile(model) 1 graph
+# ```
+#
+# With `optimize_ddp` on (the default), Dynamo captured the forward as usual, then its
+# *DDPOptimizer* (`torch/_dynamo/backends/distributed.py`) cut it into four graphs, one per
+# layer, and handed each to the backend on its own. It walks the graph from the end (the
+# order in which backward makes the gradients ready) adding up parameter bytes, and cuts
+# where a bucket is full, using the DDP module's `bucket_cap_mb`. Each piece gets its own
+# compiled backward, so the last layer's gradients are ready, and DDP's hook can start
+# their all-reduce, while the earlier layers' backward still runs: communication overlaps
+# computation. With `optimize_ddp=False` there is one graph and one backward node: every
+# bucket's all-reduce waits for the whole backward. Same numbers either way (`aot_eager`
+# runs the same kernels as eager); only the time at which communication can start differs,
+# and that needs two ranks to see (lesson 13 draws overlap on a per-rank timeline).
+#
+# Both orders gave the same graphs. DDPOptimizer is switched on by *when* Dynamo compiles,
+# not by what it was handed: Dynamo checks whether a DDP module's forward is running
+# (`DistributedDataParallel._get_active_ddp_module()`), which is the case in both orders.
+# In `torch.compile(DDP(model))` ("wrap, then compile") Dynamo skips DDP's own `forward`
+# (torch's files) and captures from your model's `forward`, which DDP calls. PyTorch's page *Where to apply torch.compile?* recommends the other order,
+# compiling the inner module and wrapping it, because Dynamo does not handle the
+# distributed wrappers themselves well; torchtitan does that, compiling each transformer
+# block and then applying the data-parallel wrapper.
+#
+# The last line is why `Stack` is a class of our own. `model.compile()` installs
+# `torch.compile(model._call_impl)`; for an `nn.Sequential` of torch's layers, that method
+# and every `forward` below it live in torch's files, which Dynamo skips as starting
+# frames, so it captured nothing and the model ran eagerly, with no error or warning
+# (pytorch/pytorch#150915). `torch.compile(model)` wraps the module itself and captures it.
+# Count your graphs (a counting backend, or `TORCH_LOGS=graph`) before trusting either.
+# (Compiling under DDP, Dynamo also logs to stderr that it ignores a profiler
+# `record_function`: DDP's forward opens one to label its work in a profile.)
+#
+# **Predict.** FSDP2 the way torchtitan does it: compile each of four residual blocks, then
+# `fully_shard` each block, then the root. How many graphs? Do FSDP's all-gathers appear in
+# them? What does a graph receive for the weights: the sharded `DTensor`s that rest on the
+# module, or plain tensors?
+
+# %%
+class Residual(torch.nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.lin = torch.nn.Linear(d, d)
+
+    def forward(self, x):  # (B, d)
+        return x + self.lin(x).relu()
+
+
+class Tower(torch.nn.Module):
+    """n residual blocks and a head: the shape of a transformer, much smaller."""
+
+    def __init__(self, n=4, d=64):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Residual(d) for _ in range(n))
+        self.head = torch.nn.Linear(d, 1)
+
+    def forward(self, x):  # (B, d) -> (B, 1)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class InputTypes(AotCounting):
+    """AotCounting that also records the type of every tensor each graph receives."""
+
+    def __init__(self):
+        super().__init__()
+        self.types = set()
+
+    def __call__(self, gm, example_inputs):
+        self.types |= {type(t).__name__ for t in example_inputs if isinstance(t, torch.Tensor)}
+        return super().__call__(gm, example_inputs)
+
+
+def fsdp_compiled(backend):
+    """torchtitan's order: compile each block, fully_shard each block, then the root."""
+    torch.manual_seed(0)
+    model = Tower()
+    for block in model.blocks:
+        block.compile(backend=backend)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+xf = torch.randn(8, 64)  # (B, d)
+torch.manual_seed(0)
+fsdp_ref = train_step(Tower(), xf)  # plain eager, no FSDP
+dynamo.reset()
+fsdp_backend = InputTypes()
+with one_rank_group():
+    fsdp_model = fsdp_compiled(fsdp_backend)
+    fsdp_gap = max_gap(train_step(fsdp_model, xf), fsdp_ref)
+    at_rest = type(fsdp_model.blocks[0].lin.weight).__name__
+dynamo.reset()
+print(f"4 blocks compiled: {len(fsdp_backend.graphs)} graphs, ops {[graph_ops(gm) for gm in fsdp_backend.graphs]}")
+print(f"weights at rest: {at_rest}; tensors the graphs receive: {sorted(fsdp_backend.types)}")
+print(f"one step's loss and grads within 1e-6 of the eager model without FSDP: {fsdp_gap < 1e-6}")
+
+# %% [markdown]
+# Output:
+# ```text
+# 4 blocks compiled: 2 graphs, ops [['linear', 'relu', 'add'], ['linear', 'relu', 'add']]
+# weights at rest: DTensor; tensors the graphs receive: ['Parameter', 'Tensor']
+# one step's loss and grads within 1e-6 of the eager model without FSDP: True
+# ```
+#
+# Two graphs for four blocks, as in section 8 (block 0's input does not require grad, the
+# others' do), holding only the block's own `linear`, `relu` and `add`: no collective. The
+# parameters rest on the module as sharded `DTensor`s, and the graphs receive plain
+# `Parameter`s and `Tensor`s, no `DTensor`: as `fully_shard`'s docstring describes, FSDP's
+# forward pre-hook all-gathers the shards into full parameters *before* the compiled region
+# runs and its forward hook frees them after; in backward its hooks all-gather again and
+# reduce-scatter the block's gradients once that block's compiled backward has run.
+# That is the reason for the order. Compiled inside the `fully_shard` wrap, each region is
+# one block: FSDP keeps scheduling its collectives block by block around it, exactly as in
+# eager (lesson 11), and the compile is paid once for all the identical blocks. A
+# `torch.compile` of the whole sharded model would instead have to trace FSDP's hooks and
+# collectives themselves, a harder path that PyTorch's own page advises against. Activation
+# checkpointing goes on before the compile, tensor parallelism before both (lesson 13
+# composes them): torchtitan's order is TP, activation checkpointing, compile each block,
+# then `fully_shard` each block and the root.
 
 # %% [markdown]
 # ## Where next: structured logs and ahead-of-time compilation
@@ -1041,6 +1292,11 @@ print(f"whole model:       {len(whole.graphs)} graph, ops {graph_ops(whole.graph
 # - AOTAutograd's graph is functional (`add_` becomes `add`) and decomposed by a table;
 #   `mode=` is a bundle of Inductor settings (`reduce-overhead` = CUDA graphs). Compiling
 #   each repeated block reuses one graph (two with gradients) whatever the depth.
+# - Under DDP, Dynamo cuts the graph where DDP's buckets end (`optimize_ddp=True`, the
+#   default), so each bucket's all-reduce can start during backward; it does so whether
+#   you compile the DDP module or the model inside it. With FSDP2, compile each block, then
+#   `fully_shard` each block and the root: FSDP's hooks stay outside the compiled regions.
+#   `model.compile()` on an `nn.Sequential` of torch's layers captures nothing: count graphs.
 # - On a GPU, this lesson's tests compare compiled and eager, check the caching allocator
 #   against the `clone` floor, and prove that `mode="reduce-overhead"` records and replays a
 #   CUDA graph: `make test-gpu`.

@@ -579,3 +579,47 @@ def test_regional_compilation(lesson):
         assert len(graphs) == 2 and len(failed) == 1 and "requires_grad mismatch" in failed[0]
     assert len(ns["whole"].graphs) == 1
     assert ns["graph_ops"](ns["whole"].graphs[0]).count("linear") == 4
+
+
+def test_ddp_optimizer_splits_at_bucket_boundaries(lesson):
+    ns = lesson.ns
+    ops = ns["graph_ops"]
+    for order in ["compile(DDP(model))", "DDP(model.compile())"]:
+        split, whole = ns["ddp_runs"][order, True], ns["ddp_runs"][order, False]
+        assert [ops(gm).count("linear") for gm in split[0]] == [1, 1, 1, 1]
+        assert [ops(gm).count("linear") for gm in whole[0]] == [4]
+        assert split[1] < 1e-6 and whole[1] < 1e-6
+    assert ns["layer_bytes"] > 2**20  # each layer fills a 1 MiB bucket on its own
+    assert dynamo.config.optimize_ddp is True and not torch.distributed.is_initialized()
+
+
+def test_ddp_split_follows_the_bucket_cap(lesson):
+    """The cut moves with bucket_cap_mb: with 2 MiB, two layers share a graph. The last layer
+    stays alone: DDPOptimizer's first bucket is 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES)."""
+    ns = lesson.ns
+    x = ns["xd"]
+    with ns["one_rank_group"]():
+        torch.manual_seed(0)
+        ref = ns["train_step"](ns["DDP"](ns["Stack"](), bucket_cap_mb=2), x)
+        graphs, gap = ns["ddp_graphs"]("compile(DDP(model))", True, x, ref, cap=2)
+    assert [ns["graph_ops"](gm).count("linear") for gm in graphs] == [1, 2, 1]
+    assert gap < 1e-6
+    assert torch.distributed._DEFAULT_FIRST_BUCKET_BYTES == 2**20
+    assert dynamo.config.optimize_ddp is True and not torch.distributed.is_initialized()
+
+
+def test_fsdp2_compiled_blocks_keep_the_hooks_outside(lesson):
+    ns = lesson.ns
+    backend = ns["fsdp_backend"]
+    assert [ns["graph_ops"](gm) for gm in backend.graphs] == [["linear", "relu", "add"]] * 2
+    names = " ".join(str(n.target) for gm in backend.graphs for n in gm.graph.nodes)
+    assert "all_gather" not in names and "reduce_scatter" not in names
+    assert ns["at_rest"] == "DTensor" and "DTensor" not in backend.types
+    assert ns["fsdp_gap"] < 1e-6
+    assert isinstance(ns["fsdp_model"], torch.distributed.fsdp.FSDPModule)
+
+
+def test_module_compile_on_sequential_captures_nothing(lesson):
+    """pytorch/pytorch#150915 in 2.13.0: when this test fails, a release fixed it; update the
+    lesson's prose and its summary."""
+    assert lesson.ns["seq_counts"] == (0, 1)
