@@ -39,6 +39,7 @@
 import inspect
 import os
 import re
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -1607,7 +1608,155 @@ print(f"forward + backward under anomaly mode: {anomaly_ratio:.1f}x the time wit
 # - To find a NaN: a backward hook per module names the module that made it; anomaly mode
 #   names the backward node and the forward line that recorded it, at a multiple of the
 #   step's time.
+
+# %% [markdown]
+# ## Read the source
 #
+# Where, in the PyTorch you installed, what this lesson showed is implemented. Open each file
+# in your editor at the line printed (the line numbers are those of your installed torch;
+# they move between releases). The stops follow the lesson: the hooks and nodes of the
+# recorded graph, the version counter and the saved tensor that checks it, the engine that
+# runs backward, then a custom `Function`'s in-place contract and checkpointing.
+
+# %%
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's source map, sourcemap.py
+from sourcemap import read_the_source  # noqa: E402
+
+read_the_source([
+    ("torch/autograd/graph.py", "class saved_tensors_hooks:",
+     "`__enter__` pushes your `pack_hook`/`unpack_hook` pair as the default for every tensor "
+     "an operation saves inside the block (sections 3, 4 and 6 used it to keep, count or see "
+     "saved tensors); `class Node` at the top of the file is the interface every `grad_fn` "
+     "answers to: `name()`, `next_functions`, `register_hook`."),
+    ("torch/include/c10/core/TensorImpl.h", "struct C10_API VariableVersion",
+     "The counter behind `x._version`: `bump()` adds one, and the note [ Version Counter "
+     "Sharing ] just above says when (every in-place operation) and who shares one counter: "
+     "a view and `x.detach()` share their base's, `x.data` does not."),
+    ("torch/include/torch/csrc/autograd/saved_variable.h", "class TORCH_API SavedVariable {",
+     "What a node keeps per saved tensor: `saved_version_` is the tensor's version when it was "
+     "saved, and `unpack()` (its body is in `saved_variable.cpp`, not in the wheel) raises "
+     "section 3's error when the current version differs. With saved-tensor hooks, `hooks_` "
+     "keeps what `pack_hook` returned, `data_` stays empty and that check is skipped: section "
+     "3's silent 12.0."),
+    ("torch/include/torch/csrc/autograd/engine.h", "struct TORCH_API Engine {",
+     "`execute()` takes the roots (the loss's `grad_fn`), `keep_graph` (what `retain_graph` "
+     "sets) and `create_graph`. In `engine.cpp` (not in the wheel) `compute_dependencies` "
+     "counts the edges into each node, and a node runs once all of them have delivered, their "
+     "gradients summed (how `W`'s three uses meet in one `AccumulateGrad`); among the ready "
+     "nodes, the `ReadyQueue` above runs the one with the highest `sequence_nr` first "
+     "(`AccumulateGrad` nodes, then the operation recorded latest in forward)."),
+    ("torch/autograd/function.py", "def mark_dirty(",
+     "`mark_dirty` only records the tensors (`self.dirty_tensors`); autograd then re-records "
+     "each as an output of the Function, which is why `b.grad_fn` became "
+     "`DoubleInPlaceBackward` and the gradient 10 in section 5."),
+    ("torch/utils/checkpoint.py", "def checkpoint(",
+     "Without `use_reentrant` it warns and takes `True`: `CheckpointFunction`, whose forward "
+     "runs the block under `torch.no_grad()`. `False` goes through "
+     "`_checkpoint_without_reentrant_generator`, which records the block normally and swaps "
+     "what it saves through `_checkpoint_hook`, a `saved_tensors_hooks` subclass."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# torch/autograd/graph.py:«line»  `class saved_tensors_hooks:`
+#     `__enter__` pushes your `pack_hook`/`unpack_hook` pair as the default for every tensor an operation saves inside the block (sections 3, 4 and 6 used it to keep, count or see saved tensors); `class Node` at the top of the file is the interface every `grad_fn` answers to: `name()`, `next_functions`, `register_hook`.
+# torch/include/c10/core/TensorImpl.h:«line»  `struct C10_API VariableVersion`
+#     The counter behind `x._version`: `bump()` adds one, and the note [ Version Counter Sharing ] just above says when (every in-place operation) and who shares one counter: a view and `x.detach()` share their base's, `x.data` does not.
+# torch/include/torch/csrc/autograd/saved_variable.h:«line»  `class TORCH_API SavedVariable {`
+#     What a node keeps per saved tensor: `saved_version_` is the tensor's version when it was saved, and `unpack()` (its body is in `saved_variable.cpp`, not in the wheel) raises section 3's error when the current version differs. With saved-tensor hooks, `hooks_` keeps what `pack_hook` returned, `data_` stays empty and that check is skipped: section 3's silent 12.0.
+# torch/include/torch/csrc/autograd/engine.h:«line»  `struct TORCH_API Engine {`
+#     `execute()` takes the roots (the loss's `grad_fn`), `keep_graph` (what `retain_graph` sets) and `create_graph`. In `engine.cpp` (not in the wheel) `compute_dependencies` counts the edges into each node, and a node runs once all of them have delivered, their gradients summed (how `W`'s three uses meet in one `AccumulateGrad`); among the ready nodes, the `ReadyQueue` above runs the one with the highest `sequence_nr` first (`AccumulateGrad` nodes, then the operation recorded latest in forward).
+# torch/autograd/function.py:«line»  `def mark_dirty(`
+#     `mark_dirty` only records the tensors (`self.dirty_tensors`); autograd then re-records each as an output of the Function, which is why `b.grad_fn` became `DoubleInPlaceBackward` and the gradient 10 in section 5.
+# torch/utils/checkpoint.py:«line»  `def checkpoint(`
+#     Without `use_reentrant` it warns and takes `True`: `CheckpointFunction`, whose forward runs the block under `torch.no_grad()`. `False` goes through `_checkpoint_without_reentrant_generator`, which records the block normally and swaps what it saves through `_checkpoint_hook`, a `saved_tensors_hooks` subclass.
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# Answer each question before you open its answer; every answer points to the section whose
+# printed lines show it.
+#
+# 1. **Reproduce and explain.** Which four lines make `backward` fail with "one of the
+#    variables needed for gradient computation has been modified by an inplace operation"?
+#    What do the two version numbers in the message count, and what does the check protect
+#    you from?
+#
+#    <details><summary>Answer</summary>
+#
+#    `x = torch.tensor([3.0], requires_grad=True)`, `y = x * x` (its `MulBackward0` saves
+#    `x`, at version 0), `x.detach().mul_(2)`, `y.backward()`. The detached alias shares
+#    `x`'s storage and version counter, so the in-place write bumped both (`version of x 1,
+#    of the alias 1`), and backward refuses: `[torch.FloatTensor [1]] is at version 1;
+#    expected version 0 instead`, the count of in-place writes now against the count when
+#    `x` was saved. Without the check the gradient would be wrong: when saved-tensor hooks
+#    keep `x` instead, the same write passes with no error and the gradient is 12.0, the
+#    derivative at 6, not 6.0. Writing to `x.detach().clone()` touches neither: `x` stays at
+#    version 0 and its gradient is 6.0. (*§ Version counters, accumulation, gradcheck*)
+#
+#    </details>
+#
+# 2. **Predict.** One weight `W` is applied three times in a Python loop,
+#    `h = torch.relu(h @ W)`. How many distinct nodes does the recorded graph have, and why
+#    not three per application? What is the result's `grad_fn` under `torch.no_grad()`?
+#
+#    <details><summary>Answer</summary>
+#
+#    7: one `MmBackward0` and one `ReluBackward0` per application, and a single
+#    `AccumulateGrad`, because `W` is one leaf; its three gradients meet and add there (one
+#    application gives 3 nodes). The graph records the operations that ran, loop or not.
+#    Under `no_grad` nothing is recorded: `grad_fn None  requires_grad False`.
+#    (*§ The graph PyTorch records*)
+#
+#    </details>
+#
+# 3. **Spot the bug.** A custom `Function` doubles its input in place, `return x.mul_(2)`,
+#    with a correct backward, `2 * grad_out`, and no `ctx.mark_dirty(x)`. It is applied to
+#    `b = a.clone()`, with `a = torch.ones(3, requires_grad=True)`, and then
+#    `(5 * b).sum().backward()` runs. What lands in `a.grad`?
+#
+#    <details><summary>Answer</summary>
+#
+#    `[5.0, 5.0, 5.0]` instead of `[10.0, 10.0, 10.0]`, with no error. `b` holds `[2.0, 2.0,
+#    2.0]`, but its `grad_fn` is still `CloneBackward0`: autograd never learned that the
+#    Function rewrote it, so `5 * b` is differentiated as if `b = a`. With
+#    `ctx.mark_dirty(x)` in the forward, `b.grad_fn` is `DoubleInPlaceBackward` and the
+#    gradient is 10. (*§ Custom `torch.autograd.Function`s*)
+#
+#    </details>
+#
+# 4. **Predict.** Four residual MLP blocks, batch 32: autograd saves 303104 bytes of
+#    activations for backward. Activation checkpointing keeps only each checkpointed block's
+#    input and recomputes the block during backward. How many bytes are saved with every block
+#    checkpointed, and do the parameter gradients change?
+#
+#    <details><summary>Answer</summary>
+#
+#    40960 bytes, 7.4x less: five (32, 64) float32 tensors of 8192 bytes, the input of each
+#    of the four blocks and the input of the final `pow`. The gradients with and without
+#    checkpointing are bitwise equal. (*§ Hooks, and the bytes autograd keeps*)
+#
+#    </details>
+#
+# 5. **Spot the bug.** A layer computes `torch.where(h > 0, torch.sqrt(h), 0.0)` to take
+#    square roots only where they exist, and some `h` are negative. The loss is finite; are the
+#    gradients? Which backward node does anomaly mode stop at?
+#
+#    <details><summary>Answer</summary>
+#
+#    The first layer's gradients are not finite (`('0.weight', False), ('0.bias', False)`),
+#    the last layer's are. Backward runs through both branches of `where`: the branch it did
+#    not pick gets a gradient of 0, and `sqrt`'s backward turns that into NaN where `h < 0`.
+#    Anomaly mode stops at `SqrtBackward0` ("returned nan values in its 0th output"), and the
+#    forward traceback in its warning ends in `sqrt_where_positive`; a backward hook on every
+#    module names `1 (SafeSqrt)`. (*§ Where does a NaN come from?*)
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder and implement:
