@@ -543,7 +543,140 @@ show(run, "pp virtual")
 # - With several stages per rank, interleaved 1F1B (depth first) holds fewer activations
 #   than looped BFS (breadth first); both run their plan as written. Pipelining is alpha in
 #   PyTorch: the test pins every order on 2.13.0.
+
+# %% [markdown]
+# ## Read the source
 #
+# Open these in your editor: each stop is a file of your installed torch and the line, in
+# *your* version, where something this lesson showed is implemented, with what to look for
+# there. They follow the lesson: how a TP style splits a layer and where its hooks
+# communicate, then the pipeline's 1F1B loop against its plan, how a schedule cuts the batch
+# into micro-batches, and how a stage sizes its receive buffers.
+
+# %%
+from sourcemap import read_the_source  # noqa: E402  (lessons/ is on sys.path: first cell)
+
+read_the_source([
+    ("torch/distributed/tensor/parallel/style.py", "class ColwiseParallel(",
+     "`_partition_linear_fn` distributes the weight and the bias as `Shard(0)`, and `__init__` "
+     "defaults to a `Replicate()` input and a `Shard(-1)` output. In `RowwiseParallel`, just "
+     "below, the weight is `Shard(1)`, the bias `Replicate()`, the input defaults to `Shard(-1)` "
+     "and the output to `Replicate()`: the defaults that only fit colwise first."),
+    ("torch/distributed/tensor/_api.py", "def distribute_module(",
+     "What each style's `_apply` calls: `partition_fn` swaps the module's parameters for "
+     "DTensors, `input_fn` becomes a forward pre-hook and `output_fn` a forward hook. "
+     "`RowwiseParallel`'s output hook redistributes `down`'s Partial output to `Replicate`: "
+     "the forward all-reduce of section 2."),
+    ("torch/distributed/pipelining/schedules.py", "class Schedule1F1B(",
+     "`_step_microbatches` is the loop that ran: `min(n_microbatches, num_stages - stage_index)` "
+     "warm-up forwards (2 on stage 0, 1 on the last stage), backward-forward pairs, the "
+     "remaining backwards, then `perform_reduce_grad(n_microbatches if scale_grads else 1)`. "
+     "`_get_pipeline_order` only writes the plan: on the last stage it increments `forward_mb` "
+     "before the first forward, hence the plan's F1 to F4."),
+    ("torch/distributed/pipelining/microbatch.py", "def split_args_kwargs_into_chunks(",
+     "How `step(x)` cuts the batch: each tensor argument gets `TensorChunkSpec(DEFAULT_CHUNK_DIM)`, "
+     "dim 0, and `_split_tensor` splits it with `torch.tensor_split`, refusing only a dimension "
+     "smaller than the number of chunks: nothing checks that the micro-batches are equal."),
+    ("torch/distributed/pipelining/stage.py", "def _setup_forward_recv_info(",
+     "Every stage but the first gets one receive buffer per micro-batch, all made by "
+     "`_make_tensor_from_meta` from the same `_stage_meta.inputs`: shapes that "
+     "`_forward_metadata_inference` (above) took from the first micro-batch on stage 0 and "
+     "sent on. Hence the 3-row output against a 2-row target when 10 samples made 4 "
+     "micro-batches."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# torch/distributed/tensor/parallel/style.py:«line»  `class ColwiseParallel(`
+#     `_partition_linear_fn` distributes the weight and the bias as `Shard(0)`, and `__init__` defaults to a `Replicate()` input and a `Shard(-1)` output. In `RowwiseParallel`, just below, the weight is `Shard(1)`, the bias `Replicate()`, the input defaults to `Shard(-1)` and the output to `Replicate()`: the defaults that only fit colwise first.
+# torch/distributed/tensor/_api.py:«line»  `def distribute_module(`
+#     What each style's `_apply` calls: `partition_fn` swaps the module's parameters for DTensors, `input_fn` becomes a forward pre-hook and `output_fn` a forward hook. `RowwiseParallel`'s output hook redistributes `down`'s Partial output to `Replicate`: the forward all-reduce of section 2.
+# torch/distributed/pipelining/schedules.py:«line»  `class Schedule1F1B(`
+#     `_step_microbatches` is the loop that ran: `min(n_microbatches, num_stages - stage_index)` warm-up forwards (2 on stage 0, 1 on the last stage), backward-forward pairs, the remaining backwards, then `perform_reduce_grad(n_microbatches if scale_grads else 1)`. `_get_pipeline_order` only writes the plan: on the last stage it increments `forward_mb` before the first forward, hence the plan's F1 to F4.
+# torch/distributed/pipelining/microbatch.py:«line»  `def split_args_kwargs_into_chunks(`
+#     How `step(x)` cuts the batch: each tensor argument gets `TensorChunkSpec(DEFAULT_CHUNK_DIM)`, dim 0, and `_split_tensor` splits it with `torch.tensor_split`, refusing only a dimension smaller than the number of chunks: nothing checks that the micro-batches are equal.
+# torch/distributed/pipelining/stage.py:«line»  `def _setup_forward_recv_info(`
+#     Every stage but the first gets one receive buffer per micro-batch, all made by `_make_tensor_from_meta` from the same `_stage_meta.inputs`: shapes that `_forward_metadata_inference` (above) took from the first micro-batch on stage 0 and sent on. Hence the 3-row output against a 2-row target when 10 samples made 4 micro-batches.
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# 1. **Predict.** `nn.Linear(6, 8)` is split over 2 ranks by `ColwiseParallel`. Along which
+#    dim of its stored weight, and what local shapes do its weight and bias get? And
+#    `nn.Linear(8, 6)` under `RowwiseParallel`?
+#
+#    <details><summary>Answer</summary>
+#
+#    `nn.Linear` stores its weight as [out, in], here [8, 6]. Colwise shards dim 0, the
+#    output units: each rank holds [4, 6] (rank 0 rows 0:4, rank 1 rows 4:8) and a bias
+#    slice [4]. Rowwise shards the [6, 8] weight along dim 1: [6, 4] on each rank, the
+#    columns that read its own hidden units, and replicates the bias [6].
+#    (*§ Tensor parallelism: split every layer*)
+#
+#    </details>
+#
+# 2. **Explain.** How many collectives does the colwise-then-rowwise MLP run in forward and
+#    in backward, and why does a rank's matmul with its slice of `up.weight` send nothing?
+#
+#    <details><summary>Answer</summary>
+#
+#    One all-reduce in forward and one in backward. The input is the same on every rank, so
+#    each rank computes its own 4 hidden units from its rows of `up.weight` (`ran: none`),
+#    applies tanh to them alone, and multiplies them by its columns of `down.weight`; only
+#    those full-sized partial outputs must be summed. The result equals the unsharded MLP's
+#    to rounding (gaps below 1e-15 in float64).
+#    (*§ Where tensor parallelism talks*, *§ Tensor parallelism: split every layer*)
+#
+#    </details>
+#
+# 3. **Spot the bug.** A plan pairs the styles the other way round, `{"up":
+#    RowwiseParallel(), "down": ColwiseParallel()}`, with the same `x` (5, 6) on both ranks.
+#    What goes wrong, and what does the version with explicit layouts cost?
+#
+#    <details><summary>Answer</summary>
+#
+#    It raises `RuntimeError: a and b must have same reduction dim, but got [5, 12] X [6, 8]`:
+#    the rowwise `up` takes each rank's whole `x` as its half of the input, 12 features
+#    against a weight that reads 6. With `input_layouts=Replicate()` on `up` and
+#    `output_layouts=Replicate()` on `down` it matches the unsharded MLP to rounding, but
+#    forward and backward each run an all-reduce and an all-gather, twice the collectives
+#    of colwise first. (*§ Where tensor parallelism talks*)
+#
+#    </details>
+#
+# 4. **Predict.** Two stages, 4 micro-batches. In what order does stage 0 run its forwards
+#    and backwards under GPipe and under 1F1B, how many micro-batches does it hold at once,
+#    and which schedule leaves the stages idle less?
+#
+#    <details><summary>Answer</summary>
+#
+#    GPipe: F0 F1 F2 F3 B0 B1 B2 B3, 4 micro-batches in flight. 1F1B: F0 F1 B0 F2 B1 F3 B2
+#    B3, 2 in flight (1 on the last stage). Both give the full-batch gradients to rounding.
+#    Neither idles less: simulated from these orders, both steps take 15 units with a bubble
+#    of 0.200, (p−1)/(m+p−1) for p=2, m=4. 1F1B saves activation memory, not time.
+#    (*§ Pipeline parallelism: split the stack of layers*,
+#    *§ The bubble: GPipe vs 1F1B on a timeline*)
+#
+#    </details>
+#
+# 5. **Spot the bug.** Each micro-batch's loss is a mean, and the loss function also divides
+#    it by the number of micro-batches, as in gradient accumulation; the schedule keeps
+#    `scale_grads=True`. What gradient comes out? And with a sum loss?
+#
+#    <details><summary>Answer</summary>
+#
+#    A quarter of the full-batch gradient (ratio 0.250000 on every parameter of both
+#    stages): the 4 micro-batch gradients accumulate and `scale_grads=True` divides them by
+#    4, so dividing the loss too divides twice. A plain mean loss with `scale_grads=True`
+#    gives ratio 1. A sum loss gives 0.25 with `scale_grads=True` and 1 with
+#    `scale_grads=False`: divide exactly once. (*§ Pipeline parallelism: split the stack of layers*)
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder; `make exercises N=10` checks your answers against
