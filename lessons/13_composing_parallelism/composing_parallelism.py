@@ -48,7 +48,7 @@ torch.manual_seed(0)
 torch.set_num_threads(1)  # the ranks get one thread each too (the kit sets OMP_NUM_THREADS=1)
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 WORKER = HERE / "worker.py"
-sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit and source map
 from multirank import launch, section, show  # noqa: E402
 
 
@@ -805,7 +805,163 @@ show(run, "nodes")
 #   the model. `clip_grad_norm_` over DTensors is the global norm.
 # - Several torchrun agents with one c10d rendezvous make a multi-node job; keep tp inside a
 #   node (last mesh dimension), dp across.
+
+# %% [markdown]
+# ## Read the source
 #
+# Where, in the PyTorch you installed, what this lesson composed is implemented. Open each
+# file in your editor at the line printed (the line numbers are those of your installed
+# torch; they move between releases). The stops follow the lesson: the nested placement
+# that TP-then-FSDP produces and how `fully_shard` builds it, the sequence-parallel norm,
+# FSDP2's default backward prefetch, sharding a tensor without sending it, and how two
+# torchrun agents number four ranks.
+
+# %%
+from sourcemap import read_the_source  # noqa: E402  (lessons/ is on sys.path: first cell)
+
+read_the_source([
+    ("torch/distributed/tensor/placement_types.py", "class _StridedShard(",
+     "The docstring's example is section 1's on an [8, 8] tensor: on the mesh [[0, 1], [2, 3]], "
+     "`(Shard(0), Shard(0))` gives rank 1 the second quarter of the rows, TP-then-FSDP gives it "
+     "the third. `split_factor` is the number of shards the dimension already has from the "
+     "mesh dimensions to the right (tp), so that reading the placements left to right finds "
+     "the rows FSDP really holds."),
+    ("torch/distributed/fsdp/_fully_shard/_fsdp_param.py", "def _init_sharding_spec_tp(",
+     "`fully_shard` on a parameter that TP already made a DTensor: it joins the dp mesh to TP's "
+     "(`DeviceMesh._concatenate`) and puts `_StridedShard(shard_dim, split_factor=...)` on dp "
+     "when TP already split dim 0 (`num_shards_map`: the colwise layers), plain `Shard(0)` "
+     "otherwise (rowwise `Shard(1)`, the replicated norms): section 1's three kinds of "
+     "placement. `_init_sharding_spec_plain`, just below, gives a plain parameter on a 2-D "
+     "mesh `(Replicate(), Shard(0))`: HSDP."),
+    ("torch/distributed/tensor/parallel/style.py", "class SequenceParallel(",
+     "`_replicate_module_fn` turns the norm's weight and bias into `Replicate()` DTensors with "
+     "`DTensor.from_local` (nothing is sent: every rank is trusted to hold the same values), "
+     "and `_prepare_input_fn` makes the input `Shard(1)`, this rank's part of the sequence. A "
+     "replicated weight applied to part of the tokens gets part of its gradient: section 3's "
+     "10 `Partial` norm gradients."),
+    ("torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py", "def _backward_prefetch(",
+     "`pre_backward` calls it when the unit has no explicit backward-prefetch list: it takes "
+     "the unit that ran just before this one in forward (`post_forward_order[curr_index - 1]`) "
+     "and issues its all-gather (`_prefetch_unshard`) before this unit's backward runs, which "
+     "is why `blocks.0` was gathered again before `blocks.1`'s backward ended with prefetch "
+     "False too. Forward has no such default: `_pre_forward` in `_fsdp_state.py` prefetches "
+     "only the list `set_modules_to_forward_prefetch` fills."),
+    ("torch/distributed/tensor/_api.py", "def distribute_tensor(",
+     "With `src_data_rank=None` each placement only cuts this rank's piece out of the tensor "
+     "it was given: `Shard` and `_StridedShard` split locally (`_shard_tensor` scatters only "
+     "from a source rank) and `Replicate` keeps it (`_make_replicate_tensor` broadcasts only "
+     "from a source rank). That is how section 5's meta-device init issued 0 collectives; "
+     "the default, `src_data_rank=0`, scatters and broadcasts rank 0's tensor instead."),
+    ("torch/distributed/elastic/agent/server/api.py", "def _assign_worker_ranks(",
+     "How two agents number four ranks: each agent writes its `local_world_size` to the "
+     "rendezvous store, the agent of group rank 0 gives each agent, in group-rank order, a "
+     "base equal to the sum of the local world sizes before it, and a worker's `RANK` is that "
+     "base plus its `LOCAL_RANK`: node by node, so that `rank // LOCAL_WORLD_SIZE` is "
+     "`GROUP_RANK` (section 6)."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# torch/distributed/tensor/placement_types.py:«line»  `class _StridedShard(`
+#     The docstring's example is section 1's on an [8, 8] tensor: on the mesh [[0, 1], [2, 3]], `(Shard(0), Shard(0))` gives rank 1 the second quarter of the rows, TP-then-FSDP gives it the third. `split_factor` is the number of shards the dimension already has from the mesh dimensions to the right (tp), so that reading the placements left to right finds the rows FSDP really holds.
+# torch/distributed/fsdp/_fully_shard/_fsdp_param.py:«line»  `def _init_sharding_spec_tp(`
+#     `fully_shard` on a parameter that TP already made a DTensor: it joins the dp mesh to TP's (`DeviceMesh._concatenate`) and puts `_StridedShard(shard_dim, split_factor=...)` on dp when TP already split dim 0 (`num_shards_map`: the colwise layers), plain `Shard(0)` otherwise (rowwise `Shard(1)`, the replicated norms): section 1's three kinds of placement. `_init_sharding_spec_plain`, just below, gives a plain parameter on a 2-D mesh `(Replicate(), Shard(0))`: HSDP.
+# torch/distributed/tensor/parallel/style.py:«line»  `class SequenceParallel(`
+#     `_replicate_module_fn` turns the norm's weight and bias into `Replicate()` DTensors with `DTensor.from_local` (nothing is sent: every rank is trusted to hold the same values), and `_prepare_input_fn` makes the input `Shard(1)`, this rank's part of the sequence. A replicated weight applied to part of the tokens gets part of its gradient: section 3's 10 `Partial` norm gradients.
+# torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py:«line»  `def _backward_prefetch(`
+#     `pre_backward` calls it when the unit has no explicit backward-prefetch list: it takes the unit that ran just before this one in forward (`post_forward_order[curr_index - 1]`) and issues its all-gather (`_prefetch_unshard`) before this unit's backward runs, which is why `blocks.0` was gathered again before `blocks.1`'s backward ended with prefetch False too. Forward has no such default: `_pre_forward` in `_fsdp_state.py` prefetches only the list `set_modules_to_forward_prefetch` fills.
+# torch/distributed/tensor/_api.py:«line»  `def distribute_tensor(`
+#     With `src_data_rank=None` each placement only cuts this rank's piece out of the tensor it was given: `Shard` and `_StridedShard` split locally (`_shard_tensor` scatters only from a source rank) and `Replicate` keeps it (`_make_replicate_tensor` broadcasts only from a source rank). That is how section 5's meta-device init issued 0 collectives; the default, `src_data_rank=0`, scatters and broadcasts rank 0's tensor instead.
+# torch/distributed/elastic/agent/server/api.py:«line»  `def _assign_worker_ranks(`
+#     How two agents number four ranks: each agent writes its `local_world_size` to the rendezvous store, the agent of group rank 0 gives each agent, in group-rank order, a base equal to the sum of the local world sizes before it, and a worker's `RANK` is that base plus its `LOCAL_RANK`: node by node, so that `rank // LOCAL_WORLD_SIZE` is `GROUP_RANK` (section 6).
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# Answer each question before you open its answer; every answer points to the section whose
+# printed lines show it.
+#
+# 1. **Predict.** On the `(dp, tp)` mesh `[[0, 1], [2, 3]]`, `blocks.0.mlp.up.weight`
+#    [64, 16] is split colwise over tp, then `fully_shard` splits it over dp. Which rows does
+#    rank 1 (dp 0, tp 1) hold? What does its dp placement, `_StridedShard(dim=0, sf=2)`,
+#    record, and which rows would a plain `(Shard(0), Shard(0))` give it?
+#
+#    <details><summary>Answer</summary>
+#
+#    Rows 32-47. TP splits first (tp 1 owns rows 32-63), then FSDP splits that half over dp.
+#    `sf=2` records that the dp split is nested inside a tp split of 2, so an all-gather over
+#    dp alone gives rank 1 back rows 32-63, the contiguous TP shard its colwise layer computes
+#    with. Under plain `(Shard(0), Shard(0))` it would hold rows 16-31.
+#    (*§ Four ranks, one 2-D mesh*)
+#
+#    </details>
+#
+# 2. **Explain.** The textbook cost of FSDP is 3P(N−1)/N bytes per rank per step: gather the
+#    parameters for forward, again for backward, reduce-scatter the gradients. FSDP2 measured
+#    0.952 of it, while DDP matched its 2P(N−1)/N exactly. Which collective is missing, and
+#    how many bytes is it?
+#
+#    <details><summary>Answer</summary>
+#
+#    FSDP2 issued 3 all-gathers in forward but only 2 in backward: one unit is not gathered
+#    again. The missing bytes, 67,680 − 64,416 = 3,264 B, are exactly one all-gather of the
+#    root unit (embedding, final norm and head: 1,088 elements × 4 B × 3/4); a block's would
+#    be 3,216 elements. DDP sends one all-reduce of all gradients in backward: 45,120 B,
+#    formula and measurement alike. (*§ What one step sends*)
+#
+#    </details>
+#
+# 3. **Spot the waste.** Tensor parallelism with sequence parallelism and AdamW: the
+#    optimizer step issues 30 all-reduces, though an optimizer communicates nothing on one
+#    process. Where do they come from, why 30 with AdamW and 10 with SGD, and what does the
+#    2-D step, with FSDP on top, do instead?
+#
+#    <details><summary>Answer</summary>
+#
+#    The norms' weights and biases are replicated over tp but see only this rank's tokens,
+#    so their 10 gradients are `Partial` after backward. Each optimizer operation that reads
+#    one redistributes it to `Replicate`, an all-reduce, and keeps nothing: SGD reads each
+#    gradient once (`add_`: 10), AdamW three times (`lerp_` once, `addcmul_` twice: 30). In
+#    the 2-D step the 10 all-reduces happen once, in backward, and the optimizer issues none.
+#    (*§ What one step sends*)
+#
+#    </details>
+#
+# 4. **Predict.** Under FSDP2, each block computes through `checkpoint(...,
+#    use_reentrant=False)`. How many block computations does a step make, what does one
+#    block keep for backward, does the peak drop, and do the gradients change?
+#
+#    <details><summary>Answer</summary>
+#
+#    4 instead of 2: each block runs again in backward. One block keeps 1 tensor, its input
+#    (16,384 B), instead of 15 (270,336 B), and even without checkpointing none of them is an
+#    S × S attention matrix. The profiler's peak is lower with checkpointing on every rank,
+#    and the gradients are bitwise those without it.
+#    (*§ Memory: activation checkpointing, meta-device init, clipping*)
+#
+#    </details>
+#
+# 5. **Explain.** The 4 ranks start as two torchrun agents of 2 ranks, two "nodes". Why does
+#    the lesson name the mesh dimensions `("dp", "tp")`, tp last, and what does the 2-D step
+#    send between the nodes?
+#
+#    <details><summary>Answer</summary>
+#
+#    The agents number the ranks node by node (`rank // LOCAL_WORLD_SIZE` is `GROUP_RANK` on
+#    every rank), and the mesh holds consecutive ranks along its last dimension
+#    (`[[0, 1], [2, 3]]`): the tp groups `[0, 1]` and `[2, 3]` stay inside a node, the dp
+#    groups `[0, 2]` and `[1, 3]` cross (*§ Past one machine: two agents, one rendezvous*).
+#    Tensor parallelism communicates activations inside every block, forward and backward
+#    (2 + 2 all-reduces in `blocks.0` alone); with tp inside a node, the 2-D step sends
+#    across nodes only its data-parallel parameter traffic, 22,016 of its 45,184 B
+#    (*§ What one step sends*).
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder; `make exercises N=13` runs your code on 2 gloo ranks
