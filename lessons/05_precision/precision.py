@@ -1327,7 +1327,7 @@ read_the_source([
 #    (5.16e+04 against 0.787) and cuts it to 0.5 in scaled units, so after `unscale_` SGD
 #    steps with a norm of 0.5 / 65,536 = 7.63e-06 instead of 0.5. With Adam the bug hides:
 #    the weights still move 0.91 times as far, in nearly the same direction (cosine 0.99),
-#    and exactly as far with `eps` 0. Unscale first, then clip
+#    and 1.00 times as far (cosine 1.00) with `eps` 0. Unscale first, then clip
 #    (*§ A mixed-precision training step, in order*).
 #
 #    </details>
