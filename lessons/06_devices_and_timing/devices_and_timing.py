@@ -1316,8 +1316,9 @@ read_the_source([
      "RECORD_AND_SAVE ends."),
     ("torch/utils/flop_counter.py", "def mm_flop(",
      "`m * n * 2 * k`, section 6's 2·m·k·n, registered for `aten.mm`; `addmm_flop` reuses it, "
-     "so a bias add counts nothing, and `FlopCounterMode._count_flops` counts only ops that "
-     "have a formula in `flop_registry`: the embedding has none and counts 0."),
+     "so a bias add counts nothing. `FlopCounterMode._count_flops` adds a count only for an op "
+     "with a formula in `flop_registry` (one without is first decomposed, where it can be): "
+     "nothing the embedding runs has one, so it counts 0."),
     ("torch/cuda/memory.py", "def memory_reserved(",
      "It reads `reserved_bytes.all.current` from the caching allocator's `memory_stats()`, "
      "where `memory_allocated` just above reads `allocated_bytes.all.current`: bytes held "
@@ -1338,7 +1339,7 @@ read_the_source([
 # torch/profiler/profiler.py:«line»  `def schedule(`
 #     `schedule_fn` turns a step number into NONE, WARMUP, RECORD or, on a cycle's last active step, RECORD_AND_SAVE, and returns NONE once `repeat` cycles are done; `profile.step()` asks it about the next step, and `action_map` calls `on_trace_ready` when RECORD_AND_SAVE ends.
 # torch/utils/flop_counter.py:«line»  `def mm_flop(`
-#     `m * n * 2 * k`, section 6's 2·m·k·n, registered for `aten.mm`; `addmm_flop` reuses it, so a bias add counts nothing, and `FlopCounterMode._count_flops` counts only ops that have a formula in `flop_registry`: the embedding has none and counts 0.
+#     `m * n * 2 * k`, section 6's 2·m·k·n, registered for `aten.mm`; `addmm_flop` reuses it, so a bias add counts nothing. `FlopCounterMode._count_flops` adds a count only for an op with a formula in `flop_registry` (one without is first decomposed, where it can be): nothing the embedding runs has one, so it counts 0.
 # torch/cuda/memory.py:«line»  `def memory_reserved(`
 #     It reads `reserved_bytes.all.current` from the caching allocator's `memory_stats()`, where `memory_allocated` just above reads `allocated_bytes.all.current`: bytes held from CUDA against bytes in live tensors. `empty_cache`, near the top of the file, releases the cached memory that no tensor occupies.
 # ```
