@@ -1302,7 +1302,157 @@ print(f"cuDNN switches: deterministic {torch.backends.cudnn.deterministic}, "
 #   deterministic kernels or raises (mostly on GPUs, but `put_` with a repeated index raises
 #   on the CPU) and fills `torch.empty` with NaN. On a GPU, also mind cuDNN's `benchmark`
 #   and `deterministic` switches and `CUBLAS_WORKSPACE_CONFIG`.
+
+# %% [markdown]
+# ## Read the source
 #
+# Where, in the PyTorch you installed, what this lesson showed is implemented. Open each file
+# in your editor at the line printed (the line numbers are those of your installed torch;
+# they move between releases). The stops follow the lesson: how a module files what you
+# assign, the autograd modes, the optimizer's loading by position, then a batch's way from
+# the sampler through the loader's prefetching to the worker that seeds itself.
+
+# %%
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's source map, sourcemap.py
+from sourcemap import read_the_source  # noqa: E402
+
+read_the_source([
+    ("torch/nn/modules/module.py", "def __setattr__(",
+     "A `Parameter` goes through `register_parameter` into `_parameters`, a `Module` into "
+     "`_modules`, a `Buffer` (or a tensor assigned to a name already in `_buffers`) into "
+     "`_buffers`; anything else, a plain list of layers or a plain tensor, reaches the final "
+     "`super().__setattr__` and lands in `__dict__`, where `parameters()`, `state_dict()` and "
+     "`.to()` never look."),
+    ("torch/autograd/grad_mode.py", "class inference_mode(",
+     "`no_grad.__enter__` (above it) only turns this thread's grad mode off with "
+     "`torch.set_grad_enabled(False)`, and `inference_mode.__enter__` enters the C++ "
+     "`torch._C._InferenceMode` guard; neither touches a module's `training` flag (the "
+     "docstring's warning says so), hence section 4's two independent pairs of columns."),
+    ("torch/optim/optimizer.py", "def load_state_dict(",
+     "It checks the number of groups and the length of each (section 6's two errors), then "
+     "`id_map` pairs the saved positions with this optimizer's parameters in order: the state "
+     "goes by position, whatever the shapes, which is how a (16,) bias got a (16, 8) `exp_avg`."),
+    ("torch/utils/data/sampler.py", "class RandomSampler(",
+     "`__iter__` yields one `torch.randperm(n)` per epoch from `self.generator`; without one it "
+     "first draws a seed from the global RNG, which is why `torch.manual_seed` alone repeated "
+     "a shuffled loader's order in section 12."),
+    ("torch/utils/data/dataloader.py", "class _MultiProcessingDataLoaderIter(",
+     "`_reset` primes the workers with `prefetch_factor * num_workers` calls of "
+     "`_try_put_index`, and `_process_data` puts one more for every batch received (section "
+     "11's 4, then 5); the `_base_seed` the workers' seeds start from is drawn from the "
+     "loader's `generator` in `_BaseDataLoaderIter.__init__`, above it."),
+    ("torch/utils/data/_utils/worker.py", "def _worker_loop(",
+     "Before its first item a worker seeds `random` and torch with `base_seed + worker_id`, "
+     "NumPy's global RNG with `_generate_state(base_seed, worker_id)`, records the seed in "
+     "`WorkerInfo` and calls your `worker_init_fn`; nothing here reseeds a generator your "
+     "dataset made itself, hence section 9's repeated draws."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# torch/nn/modules/module.py:«line»  `def __setattr__(`
+#     A `Parameter` goes through `register_parameter` into `_parameters`, a `Module` into `_modules`, a `Buffer` (or a tensor assigned to a name already in `_buffers`) into `_buffers`; anything else, a plain list of layers or a plain tensor, reaches the final `super().__setattr__` and lands in `__dict__`, where `parameters()`, `state_dict()` and `.to()` never look.
+# torch/autograd/grad_mode.py:«line»  `class inference_mode(`
+#     `no_grad.__enter__` (above it) only turns this thread's grad mode off with `torch.set_grad_enabled(False)`, and `inference_mode.__enter__` enters the C++ `torch._C._InferenceMode` guard; neither touches a module's `training` flag (the docstring's warning says so), hence section 4's two independent pairs of columns.
+# torch/optim/optimizer.py:«line»  `def load_state_dict(`
+#     It checks the number of groups and the length of each (section 6's two errors), then `id_map` pairs the saved positions with this optimizer's parameters in order: the state goes by position, whatever the shapes, which is how a (16,) bias got a (16, 8) `exp_avg`.
+# torch/utils/data/sampler.py:«line»  `class RandomSampler(`
+#     `__iter__` yields one `torch.randperm(n)` per epoch from `self.generator`; without one it first draws a seed from the global RNG, which is why `torch.manual_seed` alone repeated a shuffled loader's order in section 12.
+# torch/utils/data/dataloader.py:«line»  `class _MultiProcessingDataLoaderIter(`
+#     `_reset` primes the workers with `prefetch_factor * num_workers` calls of `_try_put_index`, and `_process_data` puts one more for every batch received (section 11's 4, then 5); the `_base_seed` the workers' seeds start from is drawn from the loader's `generator` in `_BaseDataLoaderIter.__init__`, above it.
+# torch/utils/data/_utils/worker.py:«line»  `def _worker_loop(`
+#     Before its first item a worker seeds `random` and torch with `base_seed + worker_id`, NumPy's global RNG with `_generate_state(base_seed, worker_id)`, records the seed in `WorkerInfo` and calls your `worker_init_fn`; nothing here reseeds a generator your dataset made itself, hence section 9's repeated draws.
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# Answer each question before you open its answer; every answer points to the section whose
+# printed lines show it.
+#
+# 1. **Spot the bug.** A model keeps its four hidden `Linear` layers in a plain Python list,
+#    `self.layers = [nn.Linear(4, 4) for _ in range(4)]`, and trains with
+#    `torch.optim.SGD(model.parameters(), lr=0.1)`. Forward and backward run without error.
+#    What happens to the hidden layers' weights, to a checkpoint made with `state_dict()`,
+#    and to a forward pass after `model.to(torch.float64)`?
+#
+#    <details><summary>Answer</summary>
+#
+#    `parameters()` sees only the head: 5 values in 2 tensors instead of 85 in 10, so the
+#    optimizer never updates the hidden layers, although autograd fills their `.grad`
+#    (`layers[0]: grad True, moved False`). `state_dict()` has 2 keys, the head's, and
+#    `.to(torch.float64)` converts only the head, so the next forward fails: `mat1 and mat2
+#    must have the same dtype, but got Double and Float`. With `nn.ModuleList` the layers are
+#    registered: 85 values, 10 keys, every layer float64.
+#    (*§ The silent bug: layers in a plain list*)
+#
+#    </details>
+#
+# 2. **Predict.** An evaluation loop runs a model with `BatchNorm1d` and `Dropout` under
+#    `torch.no_grad()`, but never calls `model.eval()`. Do two passes over the same batch
+#    give the same output? Does BatchNorm's `running_mean` change?
+#
+#    <details><summary>Answer</summary>
+#
+#    No, and yes: the row `train + no_grad` reads `False` (same output twice) and `True`
+#    (running_mean moved). `no_grad` only stops the recording of a graph (output has grad_fn:
+#    `False`); dropout and BatchNorm follow the module's training flag, which only
+#    `train()`/`eval()` set. With `model.eval()` and `no_grad`, the row reads `True`, `False`,
+#    `False`. (*§ Three switches: `train()`/`eval()`, `no_grad`, `inference_mode`*)
+#
+#    </details>
+#
+# 3. **Explain.** To log the mean loss, an evaluation loop that never calls `backward()`
+#    (and forgot `no_grad`) does `total += loss` at every step. What grows, and by how much
+#    per step? What does `total += loss.item()` keep?
+#
+#    <details><summary>Answer</summary>
+#
+#    The graph behind `total`: each `+=` records an `AddBackward0` that links the total so far
+#    to this step's whole graph, so the nodes go 11, 18, 25, 32, 39 (7 more per step), and,
+#    since no `backward()` frees them, the saved tensors too: 10752, 19072, 27392, ... bytes,
+#    8320 more per step here. With `loss.item()` the total is a Python float, and nothing is
+#    kept: 0 nodes, 0 bytes (the same with `loss.detach()`). In a training loop `backward()`
+#    frees the saved tensors, but the nodes still pile up.
+#    (*§ The leak: `total_loss += loss`*)
+#
+#    </details>
+#
+# 4. **Spot the bug.** A dataset creates `self.rng = np.random.default_rng(0)` in `__init__`
+#    and draws a random augmentation from it in `__getitem__`. The loader has 2 workers, a
+#    seeded `generator` and no `worker_init_fn`. Which draws repeat, and what fixes it?
+#
+#    <details><summary>Answer</summary>
+#
+#    Each worker receives a copy of the same generator state, so worker 1's batches draw what
+#    worker 0's drew (`own rng [85, 63, 51]` in the first batch of each); each new set of
+#    workers starts again from a fresh copy, so every epoch and every generator seed repeat
+#    them too. Python's `random` and NumPy's global RNG do differ per worker: the loader
+#    seeds those. The fix is a `worker_init_fn` that reseeds the dataset's generator from
+#    `get_worker_info().seed` (`base_seed + worker_id`): the workers' draws then differ, two
+#    runs with generator seed 0 give the same batches, and seed 1 other ones.
+#    (*§ Worker processes and their random state*)
+#
+#    </details>
+#
+# 5. **Predict.** An AdamW with two parameter groups (2 matrices with weight decay, then 4
+#    one-dimensional parameters without) has taken a step. Its `state_dict()` is loaded into
+#    an AdamW whose two groups have the same sizes, 2 and 4, but hold other parameters. Does
+#    the load fail?
+#
+#    <details><summary>Answer</summary>
+#
+#    No: the number of groups and the size of each match, and the saved state is keyed by
+#    position, so it lands on whatever parameter now holds that position. The (16,) bias
+#    `0.bias` received the (16, 8) `exp_avg` of `0.weight`, silently. Loading into one group,
+#    or into the two groups swapped, does raise. Rebuild the same groups in the same order.
+#    (*§ Optimizer parameter groups: no weight decay on biases and norms*)
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder and implement:
