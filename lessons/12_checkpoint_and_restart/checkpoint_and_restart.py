@@ -58,7 +58,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 torch.manual_seed(0)
 torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit (lesson 09)
+sys.path.insert(0, str(HERE.parent))  # lessons/: the multi-rank kit (lesson 09), the source map
 sys.path.insert(0, str(HERE))  # this folder: worker.py, the ranks' code and the drill's helpers
 from multirank import launch, section, show  # noqa: E402
 from worker import CONFIG, REVISION, Killer, Trainer, compatible, plot_drill  # noqa: E402
@@ -925,7 +925,165 @@ with safe_open(TMP / "tiny.safetensors", framework="pt") as f:  # reads the head
 # - `torch.save` files are pickles that can run code when loaded; `weights_only=True` (the
 #   default since 2.6) refuses them. DCP reads `.metadata` with plain `pickle.load`: a
 #   checkpoint folder can run code too. safetensors stores a JSON header and raw bytes.
+
+# %% [markdown]
+# ## Read the source
 #
+# Open these in your editor: each stop prints a file of the torch you installed, relative
+# to its site-packages folder, and the line where to start reading (the numbers are your
+# build's, hence `«line»` below). The stops follow a checkpoint's life: the state dicts
+# `get_state_dict` builds, the save's plan and write rounds, resharding on load, the
+# `.metadata` file that makes a checkpoint complete, the launcher that restarts the job, and
+# the unpickler behind `weights_only=True`.
+
+# %%
+from sourcemap import read_the_source  # noqa: E402  (lessons/ is on sys.path: first cell)
+
+read_the_source([
+    ("torch/distributed/checkpoint/state_dict.py", "def _get_optim_state_dict(",
+     "Behind `get_state_dict(model, optim)`: an optimizer with no state yet first takes one "
+     "`step()` with zero gradients and lr 0 (`_init_optim_state`, above), so that the template "
+     "already holds the `step`, `exp_avg` and `exp_avg_sq` tensors `dcp.load` fills in place; "
+     "then the parameter numbers are replaced by names (`fqn_pid_mapping`), the "
+     "`optim.state.weight...` keys of section 1's metadata."),
+    ("torch/distributed/checkpoint/state_dict_saver.py", "def _save_state_dict(",
+     "A save in two rounds: each rank plans what it holds and the coordinator (rank 0) merges "
+     "the plans into the global metadata (`reduce_scatter(\"plan\", ...)`); then each rank "
+     "writes its own file, and only when `all_reduce(\"write\", ...)` has gathered every "
+     "rank's results without a failure does the coordinator's `finish_checkpoint` write "
+     "`.metadata`. `save` and `async_save` above first call each Stateful value's "
+     "`state_dict()` (`_stateful_to_state_dict`); `async_save` stages a copy, then runs `save` "
+     "on an executor thread."),
+    ("torch/distributed/checkpoint/planner_helpers.py", "def create_read_items_for_chunk_list(",
+     "DCP's resharding: for each chunk the loading process holds (a whole tensor, or a "
+     "DTensor's local shard), it finds the saved chunks that overlap it, by the offsets and "
+     "sizes the metadata recorded (section 3 printed them), and makes one read item per "
+     "overlap. That is how one process read the 2 ranks' two (8, 8) chunks into a (16, 8) "
+     "weight, and 2 ranks later read their rows out of one stored chunk."),
+    ("torch/distributed/checkpoint/filesystem.py", "def finish(self, metadata: Metadata",
+     "In a save with collectives, called once, on the coordinator, after every rank has "
+     "written: it pickles the global metadata into `.metadata.tmp` and renames that to "
+     "`.metadata`, the file the drill takes as proof of a complete checkpoint. "
+     "`FileSystemReader.read_metadata` further down reads it back with plain `pickle.load` "
+     "(why section 6's replaced `.metadata` ran its code), while `read_data` loads tensors "
+     "with `weights_only=True`."),
+    ("torch/distributed/run.py", "def config_from_args(",
+     "torchrun's command line becomes a `LaunchConfig`, `--max-restarts` its `max_restarts` "
+     "(refused below 0). `run` below gives `--standalone` a local c10d rendezvous and hands "
+     "the config to `elastic_launch`, whose agent (`_invoke_run` in "
+     "`torch/distributed/elastic/agent/server/api.py`) stops and restarts the whole worker "
+     "group after a failure while `_remaining_restarts > 0`."),
+    ("torch/_weights_only_unpickler.py", "class Unpickler:",
+     "What `torch.load(..., weights_only=True)` unpickles with: `load` reads the pickle opcode "
+     "by opcode and, at each `GLOBAL`, looks the name up in `_get_allowed_globals()` and in "
+     "what `add_safe_globals` allowed, raising `Unsupported global` otherwise, before anything "
+     "is called (section 6's refusal of `getattr`). `get_globals_in_pkl` above reads the same "
+     "opcodes for `get_unsafe_globals_in_checkpoint`."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# torch/distributed/checkpoint/state_dict.py:«line»  `def _get_optim_state_dict(`
+#     Behind `get_state_dict(model, optim)`: an optimizer with no state yet first takes one `step()` with zero gradients and lr 0 (`_init_optim_state`, above), so that the template already holds the `step`, `exp_avg` and `exp_avg_sq` tensors `dcp.load` fills in place; then the parameter numbers are replaced by names (`fqn_pid_mapping`), the `optim.state.weight...` keys of section 1's metadata.
+# torch/distributed/checkpoint/state_dict_saver.py:«line»  `def _save_state_dict(`
+#     A save in two rounds: each rank plans what it holds and the coordinator (rank 0) merges the plans into the global metadata (`reduce_scatter("plan", ...)`); then each rank writes its own file, and only when `all_reduce("write", ...)` has gathered every rank's results without a failure does the coordinator's `finish_checkpoint` write `.metadata`. `save` and `async_save` above first call each Stateful value's `state_dict()` (`_stateful_to_state_dict`); `async_save` stages a copy, then runs `save` on an executor thread.
+# torch/distributed/checkpoint/planner_helpers.py:«line»  `def create_read_items_for_chunk_list(`
+#     DCP's resharding: for each chunk the loading process holds (a whole tensor, or a DTensor's local shard), it finds the saved chunks that overlap it, by the offsets and sizes the metadata recorded (section 3 printed them), and makes one read item per overlap. That is how one process read the 2 ranks' two (8, 8) chunks into a (16, 8) weight, and 2 ranks later read their rows out of one stored chunk.
+# torch/distributed/checkpoint/filesystem.py:«line»  `def finish(self, metadata: Metadata`
+#     In a save with collectives, called once, on the coordinator, after every rank has written: it pickles the global metadata into `.metadata.tmp` and renames that to `.metadata`, the file the drill takes as proof of a complete checkpoint. `FileSystemReader.read_metadata` further down reads it back with plain `pickle.load` (why section 6's replaced `.metadata` ran its code), while `read_data` loads tensors with `weights_only=True`.
+# torch/distributed/run.py:«line»  `def config_from_args(`
+#     torchrun's command line becomes a `LaunchConfig`, `--max-restarts` its `max_restarts` (refused below 0). `run` below gives `--standalone` a local c10d rendezvous and hands the config to `elastic_launch`, whose agent (`_invoke_run` in `torch/distributed/elastic/agent/server/api.py`) stops and restarts the whole worker group after a failure while `_remaining_restarts > 0`.
+# torch/_weights_only_unpickler.py:«line»  `class Unpickler:`
+#     What `torch.load(..., weights_only=True)` unpickles with: `load` reads the pickle opcode by opcode and, at each `GLOBAL`, looks the name up in `_get_allowed_globals()` and in what `add_safe_globals` allowed, raising `Unsupported global` otherwise, before anything is called (section 6's refusal of `getattr`). `get_globals_in_pkl` above reads the same opcodes for `get_unsafe_globals_in_checkpoint`.
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# Answer each before you open it; every answer points to the section whose printed lines
+# show it.
+#
+# 1. **Verify.** You restore a model and its Adam optimizer, built fresh with other
+#    weights, from a DCP checkpoint taken after update 1. How do you show that the restore
+#    is right, and with what tolerance?
+#
+#    <details><summary>Answer</summary>
+#
+#    Take update 2 in the restored run and in the run that never stopped, and compare them
+#    bitwise, with no tolerance: the loss, and for every parameter the parameter itself,
+#    Adam's `exp_avg`, `exp_avg_sq` and `step`. Every one was equal, `step` 2 in both
+#    (*§ One process: save after one Adam step, restore, take the second step*). The
+#    restored run holds the same bits and does the same arithmetic, so anything short of
+#    bitwise equality means some state was not restored. The same held on 2 FSDP2 ranks:
+#    the restored step 2's loss and parameters were bitwise equal to the uninterrupted run's
+#    (*§ Two ranks save, one process trains on, two ranks take it back*).
+#
+#    </details>
+#
+# 2. **Predict.** A run of 12 steps is resumed after step 6 from a checkpoint of only the
+#    model and the optimizer (whose state dict carries the current learning rate). Which
+#    batch does step 7 train on, and which learning rate do steps 9 and 10 use?
+#
+#    <details><summary>Answer</summary>
+#
+#    Step 1's batch again, [25, 6, 15, 30] instead of [27, 21, 11, 5]: the new data loader
+#    started the epoch over. Steps 9 and 10 use 0.05 instead of 0.025: the fresh `StepLR`
+#    counted from 0 and halved two steps late. Restoring the scheduler and the cursor but
+#    not the RNG state gets the batch and the LR right, yet step 7's loss already differs
+#    (0.715965 instead of 1.165962: another dropout mask). With all of them, as one Stateful
+#    object, steps 7-12 matched: losses equal, parameters 0.00e+00 apart
+#    (*§ A checkpoint is the whole training state*).
+#
+#    </details>
+#
+# 3. **Explain.** A checkpoint written by 2 FSDP2 ranks is loaded by one process without a
+#    process group. How does DCP know which rows of the (16, 8) weight each file holds, and
+#    is the single process's next step bitwise equal to the 2 ranks'?
+#
+#    <details><summary>Answer</summary>
+#
+#    The metadata records the global shape and each rank's chunk: offset [0, 0] and offset
+#    [8, 0], both of size [8, 8]. The single process's step 2 was bitwise equal to the
+#    ranks' when it averaged the two half-batch gradients, `(g0 + g1) / 2`, as FSDP2's
+#    reduce-scatter does; one backward over all 8 rows gives the same gradient in another
+#    order of sums and was not bitwise equal (a gap below 1e-6)
+#    (*§ Two ranks save, one process trains on, two ranks take it back*).
+#
+#    </details>
+#
+# 4. **Spot the bug.** After a crash, a restart resumes from the newest `step_N` folder. The
+#    job was killed while writing `step_9`, and both ranks' shard files of `step_9` are on
+#    disk. What is wrong, and what should the restart do?
+#
+#    <details><summary>Answer</summary>
+#
+#    `step_9` has no `.metadata`, which DCP's coordinator writes last, once every rank's
+#    write has succeeded: the folder is incomplete. The drill's second attempt skipped it
+#    (`INCOMPLETE, skipped`), checked that `step_6` was made with this run's config, code
+#    revision and world size, resumed from `step_6`, replayed steps 7-9 and ended with its
+#    losses and final parameters bitwise equal to an uninterrupted run's
+#    (*§ Back to 2 ranks, then the restart drill: kill a rank, let torchrun restart the job*).
+#
+#    </details>
+#
+# 5. **Predict.** From an unknown source you get a `.pt` file and a DCP checkpoint folder,
+#    each built to run code when loaded. Which runs it: `torch.load(path)` with its default
+#    `weights_only=True`, or `dcp.load` of the folder?
+#
+#    <details><summary>Answer</summary>
+#
+#    `torch.load` with `weights_only=True` refused the file's first disallowed global
+#    (`UnpicklingError`, `Unsupported global: GLOBAL getattr`) and the marker was not
+#    created; only `weights_only=False` created it. Reading the folder's `.metadata`, the
+#    first thing `dcp.load` does, created its marker, then raised `AttributeError`: the
+#    code ran. Load only checkpoints your own jobs wrote, and hand out weights as
+#    safetensors, a JSON header and raw bytes (*§ `torch.save` is a pickle*).
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder; `make exercises N=12` checks your answers
