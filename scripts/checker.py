@@ -44,6 +44,7 @@ PLACEHOLDERS = {
     "pid": r"\d+",
     "line": r"\d+",  # a line number in the installed torch's files (lessons/sourcemap.py)
     "path": r"\S+",  # a file path outside the repository (a temporary folder)
+    "folder": r".+",  # an install folder, which may hold spaces (site-packages on Windows, macOS)
     "isa": r"[A-Z][A-Z0-9_]*(?: [A-Z0-9_]+)?",  # torch.backends.cpu.get_cpu_capability(): AVX512, Z VECTOR
     "name": r"[A-Za-z_][\w.+-]*",  # one machine-dependent word: a clock source, a CPU flag
 }
