@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
+import mmap
 import re
 import sys
 import tomllib
@@ -93,12 +94,34 @@ def stop_problem(stop: Stop) -> str | None:
         include = sourcemap.site_root() / "torch" / "include"
         if any((include / p).exists() for p in (repo_path, repo_path.removeprefix("aten/src/"))):
             return f"{path}: the wheel ships it under torch/include/: name that path instead"
+        if compiled_in(repo_path) is False:
+            return f"{path}: no library of the installed torch was built from it (a wrong path?)"
         return None
     try:
         sourcemap.find_line(path, text)
     except LookupError as error:
         return str(error)
     return None
+
+
+def libraries() -> list[Path]:
+    lib = sourcemap.site_root() / "torch" / "lib"
+    return [p for p in lib.iterdir() if re.search(r"\.(so|dylib|dll)(\.\d+)*$", p.name)]
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_in(repo_path: str) -> bool | None:
+    """Whether the installed torch was built from ``repo_path``: its libraries' error messages
+    carry the source file's path (``__FILE__``), so a file of the pinned release leaves it
+    there. A check without the network: the links point at that release's tag. None when it
+    cannot tell (a CUDA source in a build without CUDA libraries)."""
+    names = [repo_path.encode(), repo_path.replace("/", "\\").encode()]  # Windows builds: backslashes
+    for lib in libraries():
+        with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
+            if any(text.find(name) >= 0 for name in names):
+                return True
+    cuda = any("cuda" in lib.name for lib in libraries())
+    return None if repo_path.endswith((".cu", ".cuh")) and not cuda else False
 
 
 @functools.lru_cache(maxsize=None)

@@ -50,6 +50,7 @@ def test_stop_problems_are_caught():
     assert "three non-empty" in reading.stop_problem(("torch/_tensor.py", "", "y"))
     assert "C++/CUDA file" in reading.stop_problem(("pytorch:README.md", "x", "y"))
     assert "ships it" in reading.stop_problem(("pytorch:c10/core/TensorImpl.h", "x", "y"))
+    assert "no library" in reading.stop_problem(("pytorch:aten/src/ATen/native/NoSuchFile.cpp", "x", "y"))
     assert reading.stop_problem(("pytorch:aten/src/ATen/native/TensorShape.cpp", "Tensor view(", "y")) is None
     assert reading.stop_problem(("torch/_tensor.py", "class Tensor(", "y")) is None
 
