@@ -538,16 +538,17 @@ read_the_source([
      "`_create_c10d_store` opens a TCPStore at that address, the key-value store through which "
      "the ranks meet."),
     ("torch/distributed/device_mesh.py", "def init_device_mesh(",
-     "It builds a layout from `mesh_shape` and the rank map `torch.arange(world size)`, and "
+     "It builds a layout from `mesh_shape` and the identity rank map `torch.arange(n)` over the "
+     "mesh's n ranks, and "
      "`DeviceMesh.__init__` calls `_init_process_groups`: one process group per mesh dimension. "
-     "For a 1-D mesh over the whole world, `_init_one_process_group` returns the default group "
+     "For a 1-D mesh over the whole world, `_init_one_process_group` uses the default group "
      "itself (a new group only when CUDA is available and the default group is gloo), and "
      "`get_local_rank('dp')` is this rank's rank in that group: the printed mesh coordinate."),
     ("torch/distributed/tensor/_redistribute.py", "def redistribute_local_tensor(",
      "The loop over the planned steps, one mesh dimension at a time. Towards `Replicate`, a "
      "Partial source calls `_reduce_value` and a Shard source `_to_replicate_tensor` (an "
      "all-gather); towards `Shard`, a Partial source calls `_reduce_shard_value` and a Replicate "
-     "source `_replicate_to_shard`, which only slices the local tensor: the four rows of "
+     "source `_replicate_to_shard`, which only takes its own slice, locally: the four rows of "
      "section 3, the last one sending nothing."),
     ("torch/distributed/tensor/placement_types.py", "class Partial(",
      "`_reduce_value` is one `funcol.all_reduce` over the mesh dimension's group, and "
@@ -575,9 +576,9 @@ read_the_source([
 # torch/distributed/rendezvous.py:«line»  `def _env_rendezvous_handler(`
 #     What `init_process_group` runs when it is given no `init_method` (`env://`): it reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` from the environment torchrun set (raising 'environment variable ... expected, but not set' when one is missing), then `_create_c10d_store` opens a TCPStore at that address, the key-value store through which the ranks meet.
 # torch/distributed/device_mesh.py:«line»  `def init_device_mesh(`
-#     It builds a layout from `mesh_shape` and the rank map `torch.arange(world size)`, and `DeviceMesh.__init__` calls `_init_process_groups`: one process group per mesh dimension. For a 1-D mesh over the whole world, `_init_one_process_group` returns the default group itself (a new group only when CUDA is available and the default group is gloo), and `get_local_rank('dp')` is this rank's rank in that group: the printed mesh coordinate.
+#     It builds a layout from `mesh_shape` and the identity rank map `torch.arange(n)` over the mesh's n ranks, and `DeviceMesh.__init__` calls `_init_process_groups`: one process group per mesh dimension. For a 1-D mesh over the whole world, `_init_one_process_group` uses the default group itself (a new group only when CUDA is available and the default group is gloo), and `get_local_rank('dp')` is this rank's rank in that group: the printed mesh coordinate.
 # torch/distributed/tensor/_redistribute.py:«line»  `def redistribute_local_tensor(`
-#     The loop over the planned steps, one mesh dimension at a time. Towards `Replicate`, a Partial source calls `_reduce_value` and a Shard source `_to_replicate_tensor` (an all-gather); towards `Shard`, a Partial source calls `_reduce_shard_value` and a Replicate source `_replicate_to_shard`, which only slices the local tensor: the four rows of section 3, the last one sending nothing.
+#     The loop over the planned steps, one mesh dimension at a time. Towards `Replicate`, a Partial source calls `_reduce_value` and a Shard source `_to_replicate_tensor` (an all-gather); towards `Shard`, a Partial source calls `_reduce_shard_value` and a Replicate source `_replicate_to_shard`, which only takes its own slice, locally: the four rows of section 3, the last one sending nothing.
 # torch/distributed/tensor/placement_types.py:«line»  `class Partial(`
 #     `_reduce_value` is one `funcol.all_reduce` over the mesh dimension's group, and `_reduce_shard_value` hands over to `Shard._reduce_shard_tensor`, a `funcol.reduce_scatter_single`. These functional collectives run `_c10d_functional.all_reduce` and `reduce_scatter_tensor`, the names `CommDebugMode` counted.
 # torch/distributed/tensor/_ops/_matrix_ops.py:«line»  `def gen_single_dim_einsum_strategies(`
@@ -650,8 +651,8 @@ read_the_source([
 #
 #    Collectives are matched by their position in the group, not by name: each rank waits
 #    for data the other never sends, and both raise a `RuntimeError`, but only after seconds
-#    spent waiting, and torchrun reports exit code 1. On a group made while the debug level is
-#    DETAIL, both raise far sooner, with "Detected mismatch between collectives on ranks" and
+#    spent waiting. On a group made while the debug level is DETAIL, both raise far sooner,
+#    with "Detected mismatch between collectives on ranks" and
 #    `Op type: ALLREDUCEvs ALLGATHER`, naming both calls. The fix: every rank makes the same
 #    collectives in the same order. (*§ Collective order is a contract*)
 #

@@ -561,7 +561,7 @@ read_the_source([
      "`_partition_linear_fn` distributes the weight and the bias as `Shard(0)`, and `__init__` "
      "defaults to a `Replicate()` input and a `Shard(-1)` output. In `RowwiseParallel`, just "
      "below, the weight is `Shard(1)`, the bias `Replicate()`, the input defaults to `Shard(-1)` "
-     "and the output to `Replicate()`: the defaults that only fit colwise first."),
+     "and the output to `Replicate()`: defaults that assume colwise first."),
     ("torch/distributed/tensor/_api.py", "def distribute_module(",
      "What each style's `_apply` calls: `partition_fn` swaps the module's parameters for "
      "DTensors, `input_fn` becomes a forward pre-hook and `output_fn` a forward hook. "
@@ -580,8 +580,8 @@ read_the_source([
     ("torch/distributed/pipelining/stage.py", "def _setup_forward_recv_info(",
      "Every stage but the first gets one receive buffer per micro-batch, all made by "
      "`_make_tensor_from_meta` from the same `_stage_meta.inputs`: shapes that "
-     "`_forward_metadata_inference` (above) took from the first micro-batch on stage 0 and "
-     "sent on. Hence the 3-row output against a 2-row target when 10 samples made 4 "
+     "`_forward_metadata_inference` (above) derives on stage 0 from the first micro-batch and "
+     "sends to the next stage. Hence the 3-row output against a 2-row target when 10 samples made 4 "
      "micro-batches."),
 ])
 
@@ -590,7 +590,7 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «path»
 # torch/distributed/tensor/parallel/style.py:«line»  `class ColwiseParallel(`
-#     `_partition_linear_fn` distributes the weight and the bias as `Shard(0)`, and `__init__` defaults to a `Replicate()` input and a `Shard(-1)` output. In `RowwiseParallel`, just below, the weight is `Shard(1)`, the bias `Replicate()`, the input defaults to `Shard(-1)` and the output to `Replicate()`: the defaults that only fit colwise first.
+#     `_partition_linear_fn` distributes the weight and the bias as `Shard(0)`, and `__init__` defaults to a `Replicate()` input and a `Shard(-1)` output. In `RowwiseParallel`, just below, the weight is `Shard(1)`, the bias `Replicate()`, the input defaults to `Shard(-1)` and the output to `Replicate()`: defaults that assume colwise first.
 # torch/distributed/tensor/_api.py:«line»  `def distribute_module(`
 #     What each style's `_apply` calls: `partition_fn` swaps the module's parameters for DTensors, `input_fn` becomes a forward pre-hook and `output_fn` a forward hook. `RowwiseParallel`'s output hook redistributes `down`'s Partial output to `Replicate`: the forward all-reduce of section 2.
 # torch/distributed/pipelining/schedules.py:«line»  `class Schedule1F1B(`
@@ -598,7 +598,7 @@ read_the_source([
 # torch/distributed/pipelining/microbatch.py:«line»  `def split_args_kwargs_into_chunks(`
 #     How `step(x)` cuts the batch: each tensor argument gets `TensorChunkSpec(DEFAULT_CHUNK_DIM)`, dim 0, and `_split_tensor` splits it with `torch.tensor_split`, refusing only a dimension smaller than the number of chunks: nothing checks that the micro-batches are equal.
 # torch/distributed/pipelining/stage.py:«line»  `def _setup_forward_recv_info(`
-#     Every stage but the first gets one receive buffer per micro-batch, all made by `_make_tensor_from_meta` from the same `_stage_meta.inputs`: shapes that `_forward_metadata_inference` (above) took from the first micro-batch on stage 0 and sent on. Hence the 3-row output against a 2-row target when 10 samples made 4 micro-batches.
+#     Every stage but the first gets one receive buffer per micro-batch, all made by `_make_tensor_from_meta` from the same `_stage_meta.inputs`: shapes that `_forward_metadata_inference` (above) derives on stage 0 from the first micro-batch and sends to the next stage. Hence the 3-row output against a 2-row target when 10 samples made 4 micro-batches.
 # ```
 
 # %% [markdown]
