@@ -875,10 +875,11 @@ from sourcemap import read_the_source  # noqa: E402
 
 read_the_source([
     ("torch/_tensor.py", "class Tensor(torch._C.TensorBase)",
-     "The Python class is a thin layer over `torch._C.TensorBase`, the C++ binding that holds the "
-     "handle to the `TensorImpl`: `stride()`, `t()`, `untyped_storage()`, `_base` and `_cdata` are "
-     "inherited from it, not defined here. Further down, `__cuda_array_interface__` turns element "
-     "strides into byte strides (`s * itemsize`), the NumPy rule of section 1."),
+     "The Python class subclasses `torch._C.TensorBase`, the C++ binding that holds the handle to "
+     "the `TensorImpl`: `stride()`, `t()`, `untyped_storage()`, `_base` and `_cdata` are inherited "
+     "from it, not defined here. Further down, `__cuda_array_interface__` (CUDA tensors only) turns "
+     "a non-contiguous tensor's element strides into byte strides (`s * itemsize`, the NumPy rule "
+     "of section 1); for a contiguous one it reports `None`, as that interface asks."),
     ("torch/include/c10/core/TensorImpl.h", "struct C10_API TensorImpl :",
      "The record itself: its data members, near the end of the struct, are `storage_`, "
      "`sizes_and_strides_`, `storage_offset_`, `data_type_` and `device_opt_`, plus "
@@ -913,7 +914,7 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «path»
 # torch/_tensor.py:«line»  `class Tensor(torch._C.TensorBase)`
-#     The Python class is a thin layer over `torch._C.TensorBase`, the C++ binding that holds the handle to the `TensorImpl`: `stride()`, `t()`, `untyped_storage()`, `_base` and `_cdata` are inherited from it, not defined here. Further down, `__cuda_array_interface__` turns element strides into byte strides (`s * itemsize`), the NumPy rule of section 1.
+#     The Python class subclasses `torch._C.TensorBase`, the C++ binding that holds the handle to the `TensorImpl`: `stride()`, `t()`, `untyped_storage()`, `_base` and `_cdata` are inherited from it, not defined here. Further down, `__cuda_array_interface__` (CUDA tensors only) turns a non-contiguous tensor's element strides into byte strides (`s * itemsize`, the NumPy rule of section 1); for a contiguous one it reports `None`, as that interface asks.
 # torch/include/c10/core/TensorImpl.h:«line»  `struct C10_API TensorImpl :`
 #     The record itself: its data members, near the end of the struct, are `storage_`, `sizes_and_strides_`, `storage_offset_`, `data_type_` and `device_opt_`, plus `version_counter_` (the note above `struct C10_API VariableVersion` lists who shares it: a view, `detach()`) and `pyobj_slot_`, which holds the one Python object of section 2. `set_sizes_and_strides` rewrites sizes and strides, then `refresh_contiguous()` caches in the bit `is_contiguous_` what `is_contiguous()` returns.
 # torch/include/c10/core/Contiguity.h:«line»  `bool _compute_contiguous(`
@@ -951,8 +952,8 @@ read_the_source([
 #    `x.reshape(-1)` is a view (`same storage: True`): `x` is contiguous, so one stride
 #    reads its cells in order. Flattening `y` must read cells 0, 3, 1, 4, 2, 5, which no
 #    single stride does: `y.view(-1)` fails, and `y.reshape(-1)` copies (`same storage:
-#    False`; writing `r[0] = 100` left `x[0, 0]` at 0). `reshape` copies when it must, in
-#    the case where `view` raises
+#    False`; writing `r[0] = 100` left `x[0, 0]` at 0). Here `reshape` copied where `view`
+#    raised, and on the contiguous `x` it was a view
 #    (*§ `view` needs compatible strides; `reshape` and `contiguous()` may copy*).
 #    To tell, compare the storages' start addresses, or write through the result and look
 #    at the input.
