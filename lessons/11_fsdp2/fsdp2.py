@@ -834,9 +834,9 @@ read_the_source([
 #    of the 29,632 elements on each rank
 #    (*§ `fully_shard`: parameters become DTensor shards*), and AdamW's `exp_avg` is a
 #    `Shard(dim=0)` DTensor too (*§ One AdamW step equals one process*). A unit is gathered
-#    by its forward: the root unit (embedding and head) from the first forward until the
-#    embedding's backward, each block only while it computes, once in forward and once more
-#    in backward. During block 0's forward the trace shows `f f s f` (root and block 0
+#    just before it computes: the root unit (embedding and head) stays gathered from the
+#    first forward until the embedding's backward, and each block only while it computes,
+#    once in forward and once more in backward. During block 0's forward the trace shows `f f s f` (root and block 0
 #    gathered, 126,976 parameter bytes); after backward `s s s s`, the 59,264 bytes of the
 #    shards alone (*§ `reshard_after_forward`: memory or a second all-gather*).
 #
@@ -896,8 +896,8 @@ read_the_source([
 #    AdamW state per rank, against 118,528, 118,528 and 237,056 with DDP. DDP's allocator
 #    count is the model plus one more copy of the gradients (118,528 bytes, within 1 KiB):
 #    its reducer's bucket, still live after the step. With `gradient_as_bucket_view=True`
-#    each gradient is a view into the bucket and the live bytes equal the model's
-#    (*§ Memory per rank: a model from the tensors, then the allocator*).
+#    each gradient is a view into the bucket and the live bytes equal the model's, within
+#    1 KiB (*§ Memory per rank: a model from the tensors, then the allocator*).
 #
 #    </details>
 

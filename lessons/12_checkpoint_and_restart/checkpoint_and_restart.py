@@ -1074,7 +1074,7 @@ read_the_source([
 #
 #    <details><summary>Answer</summary>
 #
-#    `torch.load` with `weights_only=True` refused the file's first disallowed global
+#    `torch.load` with `weights_only=True` refused the global the file asked for
 #    (`UnpicklingError`, `Unsupported global: GLOBAL getattr`) and the marker was not
 #    created; only `weights_only=False` created it. Reading the folder's `.metadata`, the
 #    first thing `dcp.load` does, created its marker, then raised `AttributeError`: the
