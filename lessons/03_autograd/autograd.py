@@ -1689,19 +1689,21 @@ read_the_source([
 #
 #    `x = torch.tensor([3.0], requires_grad=True)`, `y = x * x` (its `MulBackward0` saves
 #    `x`, at version 0), `x.detach().mul_(2)`, `y.backward()`. The detached alias shares
-#    `x`'s storage and version counter, so the in-place write bumped both (`version of x 1,
-#    of the alias 1`), and backward refuses: `[torch.FloatTensor [1]] is at version 1;
-#    expected version 0 instead`, the count of in-place writes now against the count when
-#    `x` was saved. Without the check the gradient would be wrong: when saved-tensor hooks
-#    keep `x` instead, the same write passes with no error and the gradient is 12.0, the
-#    derivative at 6, not 6.0. Writing to `x.detach().clone()` touches neither: `x` stays at
-#    version 0 and its gradient is 6.0. (*§ Version counters, accumulation, gradcheck*)
+#    `x`'s storage and its one version counter, so the in-place write bumped that counter
+#    and both read 1 (`version of x 1, of the alias 1`), and backward refuses:
+#    `[torch.FloatTensor [1]] is at version 1; expected version 0 instead`, the count of
+#    in-place writes now against the count when `x` was saved. Without the check the
+#    gradient would be wrong: when saved-tensor hooks keep `x` instead, the same write passes
+#    with no error and the gradient is 12.0, the derivative at 6, not 6.0. Writing to
+#    `x.detach().clone()` touches neither: `x` stays at version 0 and its gradient is 6.0.
+#    (*§ Version counters, accumulation, gradcheck*)
 #
 #    </details>
 #
-# 2. **Predict.** One weight `W` is applied three times in a Python loop,
-#    `h = torch.relu(h @ W)`. How many distinct nodes does the recorded graph have, and why
-#    not three per application? What is the result's `grad_fn` under `torch.no_grad()`?
+# 2. **Predict.** One weight `W` (a leaf that requires a gradient) is applied three times
+#    in a Python loop, `h = torch.relu(h @ W)`, starting from an input `h` that needs no
+#    gradient. How many distinct nodes does the recorded graph have, and why not three per
+#    application? What is the result's `grad_fn` under `torch.no_grad()`?
 #
 #    <details><summary>Answer</summary>
 #
