@@ -933,11 +933,11 @@ from sourcemap import read_the_source  # noqa: E402
 read_the_source([
     ("torch/overrides.py", "def handle_torch_function(",
      "The layer above the dispatcher: when an argument defines `__torch_function__` or a "
-     "`TorchFunctionMode` is active, the call is handed over as the Python function you called, "
-     "before any ATen op runs (this is the version for functions written in Python; built-ins "
-     "such as `torch.mm` use the C++ twin its docstring names). `class TorchFunctionMode`, "
-     "further down, is the mode that sees section 2's spellings (`torch.matmul`, `F.linear`), "
-     "which `OpLog`, a dispatch mode, never sees."),
+     "`TorchFunctionMode` is active, the call is handed to that `__torch_function__` as the Python "
+     "function you called, before any ATen op runs (this is the version for functions written in "
+     "Python; built-ins such as `torch.mm` use the C++ twin its docstring names). "
+     "`class TorchFunctionMode`, further down, is the mode that sees section 2's spellings "
+     "(`torch.matmul`, `F.linear`), which `OpLog`, a dispatch mode, never sees."),
     ("torch/include/ATen/core/dispatch/Dispatcher.h", "Return Dispatcher::call(",
      "One call's whole path: the key set comes from the arguments through "
      "`getDispatchKeySetUnboxed` (which adds the thread's included keys and removes its excluded "
@@ -955,8 +955,9 @@ read_the_source([
     ("torch/utils/_python_dispatch.py", "class TorchDispatchMode",
      "`OpLog`'s base class. `__enter__` ends in `_push_mode(self)`, which puts the mode on the "
      "thread's stack; while it is there the thread's included keys hold `Python` and "
-     "`PythonTLSSnapshot`, so every ATen call, once autograd (a higher key) has done its part, "
-     "reaches the `Python` key, which calls your `__torch_dispatch__`."),
+     "`PythonTLSSnapshot`, so every ATen call that is not a composite (section 2: `matmul` has "
+     "decomposed before this point) reaches the `Python` key once autograd (a higher key) has "
+     "done its part, and that key calls your `__torch_dispatch__`."),
     ("torchgen/packaged/ATen/native/native_functions.yaml", "func: mm(Tensor self, Tensor mat2) -> Tensor",
      "The entry of `aten::mm`, where section 2's spellings end: its `func:` line is the schema "
      "section 1 printed and, like `mul.Tensor`, it is `structured_delegate: mm.out`, whose entry "
@@ -976,13 +977,13 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «path»
 # torch/overrides.py:«line»  `def handle_torch_function(`
-#     The layer above the dispatcher: when an argument defines `__torch_function__` or a `TorchFunctionMode` is active, the call is handed over as the Python function you called, before any ATen op runs (this is the version for functions written in Python; built-ins such as `torch.mm` use the C++ twin its docstring names). `class TorchFunctionMode`, further down, is the mode that sees section 2's spellings (`torch.matmul`, `F.linear`), which `OpLog`, a dispatch mode, never sees.
+#     The layer above the dispatcher: when an argument defines `__torch_function__` or a `TorchFunctionMode` is active, the call is handed to that `__torch_function__` as the Python function you called, before any ATen op runs (this is the version for functions written in Python; built-ins such as `torch.mm` use the C++ twin its docstring names). `class TorchFunctionMode`, further down, is the mode that sees section 2's spellings (`torch.matmul`, `F.linear`), which `OpLog`, a dispatch mode, never sees.
 # torch/include/ATen/core/dispatch/Dispatcher.h:«line»  `Return Dispatcher::call(`
 #     One call's whole path: the key set comes from the arguments through `getDispatchKeySetUnboxed` (which adds the thread's included keys and removes its excluded ones, in `DispatchKeyExtractor.h`), `lookup` finds the kernel of the highest key, and a profiler callback wraps it (`callWithDispatchKeySlowPath`). `Dispatcher::redispatch`, just below, is how a layer passes the call down, without the profiler: that is why section 4's profile counts `aten::addmm` once, not once per layer.
 # torch/include/c10/core/DispatchKey.h:«line»  `enum class DispatchKey : uint16_t`
 #     The functionality keys in priority order, lowest first: `Dense` (the backend kernel, `CPU`), then `Python`, `Functionalize`, `ADInplaceOrView`, `AutogradFunctionality` (`AutogradCPU` for a CPU tensor), `AutocastCPU`, `FuncTorchBatched`, `PythonTLSSnapshot`: the keys of sections 3 and 6. A `DispatchKeySet` prints in this order, and the dispatcher runs the highest key the thread has not switched off first: autocast (when it is on), then autograd, then `ADInplaceOrView` (for view and in-place ops), then the CPU kernel.
 # torch/utils/_python_dispatch.py:«line»  `class TorchDispatchMode`
-#     `OpLog`'s base class. `__enter__` ends in `_push_mode(self)`, which puts the mode on the thread's stack; while it is there the thread's included keys hold `Python` and `PythonTLSSnapshot`, so every ATen call, once autograd (a higher key) has done its part, reaches the `Python` key, which calls your `__torch_dispatch__`.
+#     `OpLog`'s base class. `__enter__` ends in `_push_mode(self)`, which puts the mode on the thread's stack; while it is there the thread's included keys hold `Python` and `PythonTLSSnapshot`, so every ATen call that is not a composite (section 2: `matmul` has decomposed before this point) reaches the `Python` key once autograd (a higher key) has done its part, and that key calls your `__torch_dispatch__`.
 # torchgen/packaged/ATen/native/native_functions.yaml:«line»  `func: mm(Tensor self, Tensor mat2) -> Tensor`
 #     The entry of `aten::mm`, where section 2's spellings end: its `func:` line is the schema section 1 printed and, like `mul.Tensor`, it is `structured_delegate: mm.out`, whose entry just below names the C++ kernel of each backend (`CPU: mm_out_cpu`). Earlier in the file, `func: matmul(` has no `CPU:` line, only `CompositeImplicitAutograd: matmul` (and nested-tensor kernels): a composite, which a dispatch mode never sees.
 # torchgen/gen.py:«line»  `def gen_source_files(`
@@ -1045,24 +1046,25 @@ read_the_source([
 #
 #    `mul.Tensor` is `structured_delegate: mul.out`, and the `mul.out` entry names the C++
 #    function `mul_out` for CPU (and CUDA, MPS, MTIA). The kernel registered for
-#    `mul.Tensor`'s CPU key lives in `RegisterCPU.cpp`, generated by torchgen, and so does
-#    its autograd kernel, in `VariableType.cpp`; the `vmap` rule (`FuncTorchBatched`) is
-#    written by hand
+#    `mul.Tensor`'s CPU key is torchgen's, in `RegisterCPU.cpp`, built around that
+#    `mul_out`; its autograd kernel, in `VariableType.cpp`, is generated by torchgen too;
+#    the `vmap` rule (`FuncTorchBatched`) is written by hand
 #    (*§ Every call names an operator with a schema*).
 #
 #    </details>
 #
 # 5. **Spot the bug.** A custom op returns its result column-major; its fake implementation
 #    returns `torch.empty_like(x)`. Eager code that reshapes the output to 1-D works. What
-#    breaks under `torch.compile`, and what catches the bug at the op?
+#    breaks under `torch.compile(backend="aot_eager")`, and what catches the bug at the op?
 #
 #    <details><summary>Answer</summary>
 #
 #    The fake output claims strides (4, 1) where the real one has (1, 3), so while tracing
 #    `reshape` becomes a plain `aten.view` (eagerly it was `clone` then `_unsafe_view`). The
 #    compiled call runs that `view` on the real output and fails: "view size is not
-#    compatible with input tensor's size and stride". `torch.library.opcheck` fails the op's
-#    `test_faketensor` with the stride mismatch, right where the op is registered
+#    compatible with input tensor's size and stride", an error in an op the code never
+#    called. `torch.library.opcheck(op, (a,))`, run on the op alone, fails its
+#    `test_faketensor` with the mismatch: strides (1, 3) real, (4, 1) fake
 #    (*§ A custom op's stride contract*).
 #
 #    </details>
