@@ -572,7 +572,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «path»
+# torch 2.13.0 installed in «folder»
 # torch/distributed/rendezvous.py:«line»  `def _env_rendezvous_handler(`
 #     What `init_process_group` runs when it is given no `init_method` (`env://`): it reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` from the environment torchrun set (raising 'environment variable ... expected, but not set' when one is missing), then `_create_c10d_store` opens a TCPStore at that address, the key-value store through which the ranks meet.
 # torch/distributed/device_mesh.py:«line»  `def init_device_mesh(`

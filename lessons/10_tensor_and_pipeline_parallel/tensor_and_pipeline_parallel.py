@@ -588,7 +588,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «path»
+# torch 2.13.0 installed in «folder»
 # torch/distributed/tensor/parallel/style.py:«line»  `class ColwiseParallel(`
 #     `_partition_linear_fn` distributes the weight and the bias as `Shard(0)`, and `__init__` defaults to a `Replicate()` input and a `Shard(-1)` output. In `RowwiseParallel`, just below, the weight is `Shard(1)`, the bias `Replicate()`, the input defaults to `Shard(-1)` and the output to `Replicate()`: defaults that assume colwise first.
 # torch/distributed/tensor/_api.py:«line»  `def distribute_module(`
