@@ -1299,9 +1299,9 @@ print(f"cuDNN switches: deterministic {torch.backends.cudnn.deterministic}, "
 # - `num_workers × prefetch_factor` batches are in flight; `pin_memory=True` puts batches in
 #   page-locked memory for asynchronous copies to a CUDA GPU (and does nothing without one).
 # - `torch.manual_seed` repeats random numbers; `use_deterministic_algorithms(True)` picks
-#   deterministic kernels or raises (mostly on GPUs, but `put_` with a repeated index raises
-#   on the CPU) and fills `torch.empty` with NaN. On a GPU, also mind cuDNN's `benchmark`
-#   and `deterministic` switches and `CUBLAS_WORKSPACE_CONFIG`.
+#   deterministic kernels or raises (mostly on GPUs, but `put_` raises on the CPU too, even
+#   when no index repeats) and fills `torch.empty` with NaN. On a GPU, also mind cuDNN's
+#   `benchmark` and `deterministic` switches and `CUBLAS_WORKSPACE_CONFIG`.
 
 # %% [markdown]
 # ## Read the source
@@ -1326,8 +1326,9 @@ read_the_source([
     ("torch/autograd/grad_mode.py", "class inference_mode(",
      "`no_grad.__enter__` (above it) only turns this thread's grad mode off with "
      "`torch.set_grad_enabled(False)`, and `inference_mode.__enter__` enters the C++ "
-     "`torch._C._InferenceMode` guard; neither touches a module's `training` flag (the "
-     "docstring's warning says so), hence section 4's two independent pairs of columns."),
+     "`torch._C._InferenceMode` guard; neither touches a module's `training` flag (a warning "
+     "in `inference_mode`'s docstring says you must still call `model.eval()`), hence "
+     "section 4's two independent pairs of columns."),
     ("torch/optim/optimizer.py", "def load_state_dict(",
      "It checks the number of groups and the length of each (section 6's two errors), then "
      "`id_map` pairs the saved positions with this optimizer's parameters in order: the state "
@@ -1355,7 +1356,7 @@ read_the_source([
 # torch/nn/modules/module.py:«line»  `def __setattr__(`
 #     A `Parameter` goes through `register_parameter` into `_parameters`, a `Module` into `_modules`, a `Buffer` (or a tensor assigned to a name already in `_buffers`) into `_buffers`; anything else, a plain list of layers or a plain tensor, reaches the final `super().__setattr__` and lands in `__dict__`, where `parameters()`, `state_dict()` and `.to()` never look.
 # torch/autograd/grad_mode.py:«line»  `class inference_mode(`
-#     `no_grad.__enter__` (above it) only turns this thread's grad mode off with `torch.set_grad_enabled(False)`, and `inference_mode.__enter__` enters the C++ `torch._C._InferenceMode` guard; neither touches a module's `training` flag (the docstring's warning says so), hence section 4's two independent pairs of columns.
+#     `no_grad.__enter__` (above it) only turns this thread's grad mode off with `torch.set_grad_enabled(False)`, and `inference_mode.__enter__` enters the C++ `torch._C._InferenceMode` guard; neither touches a module's `training` flag (a warning in `inference_mode`'s docstring says you must still call `model.eval()`), hence section 4's two independent pairs of columns.
 # torch/optim/optimizer.py:«line»  `def load_state_dict(`
 #     It checks the number of groups and the length of each (section 6's two errors), then `id_map` pairs the saved positions with this optimizer's parameters in order: the state goes by position, whatever the shapes, which is how a (16,) bias got a (16, 8) `exp_avg`.
 # torch/utils/data/sampler.py:«line»  `class RandomSampler(`
@@ -1373,19 +1374,21 @@ read_the_source([
 # printed lines show it.
 #
 # 1. **Spot the bug.** A model keeps its four hidden `Linear` layers in a plain Python list,
-#    `self.layers = [nn.Linear(4, 4) for _ in range(4)]`, and trains with
+#    `self.layers = [nn.Linear(4, 4) for _ in range(4)]`, with a registered head
+#    `self.head = nn.Linear(4, 1)`, and trains with
 #    `torch.optim.SGD(model.parameters(), lr=0.1)`. Forward and backward run without error.
 #    What happens to the hidden layers' weights, to a checkpoint made with `state_dict()`,
-#    and to a forward pass after `model.to(torch.float64)`?
+#    and to a forward pass on float64 inputs after `model.to(torch.float64)`?
 #
 #    <details><summary>Answer</summary>
 #
 #    `parameters()` sees only the head: 5 values in 2 tensors instead of 85 in 10, so the
 #    optimizer never updates the hidden layers, although autograd fills their `.grad`
 #    (`layers[0]: grad True, moved False`). `state_dict()` has 2 keys, the head's, and
-#    `.to(torch.float64)` converts only the head, so the next forward fails: `mat1 and mat2
-#    must have the same dtype, but got Double and Float`. With `nn.ModuleList` the layers are
-#    registered: 85 values, 10 keys, every layer float64.
+#    `.to(torch.float64)` converts only the head (`layers[0] torch.float32, head
+#    torch.float64`), so a float64 forward fails: `mat1 and mat2 must have the same dtype,
+#    but got Double and Float`. With `nn.ModuleList` the layers are registered: 85 values,
+#    10 keys, `layers[0]` float64 like the head, and the float64 forward runs.
 #    (*§ The silent bug: layers in a plain list*)
 #
 #    </details>
@@ -1398,22 +1401,24 @@ read_the_source([
 #
 #    No, and yes: the row `train + no_grad` reads `False` (same output twice) and `True`
 #    (running_mean moved). `no_grad` only stops the recording of a graph (output has grad_fn:
-#    `False`); dropout and BatchNorm follow the module's training flag, which only
-#    `train()`/`eval()` set. With `model.eval()` and `no_grad`, the row reads `True`, `False`,
-#    `False`. (*§ Three switches: `train()`/`eval()`, `no_grad`, `inference_mode`*)
+#    `False`); dropout and BatchNorm follow the module's `training` flag, which
+#    `train()`/`eval()` set and the autograd modes leave alone. With `model.eval()` and
+#    `no_grad`, the row reads `True`, `False`, `False`.
+#    (*§ Three switches: `train()`/`eval()`, `no_grad`, `inference_mode`*)
 #
 #    </details>
 #
 # 3. **Explain.** To log the mean loss, an evaluation loop that never calls `backward()`
-#    (and forgot `no_grad`) does `total += loss` at every step. What grows, and by how much
-#    per step? What does `total += loss.item()` keep?
+#    (and forgot `no_grad`) does `total += loss` at every step, with the lesson's model
+#    (`Linear(16, 64)`, ReLU, `Linear(64, 1)`, MSE loss, batch 32). What grows, and by how
+#    much per step? What does `total += loss.item()` keep?
 #
 #    <details><summary>Answer</summary>
 #
 #    The graph behind `total`: each `+=` records an `AddBackward0` that links the total so far
 #    to this step's whole graph, so the nodes go 11, 18, 25, 32, 39 (7 more per step), and,
 #    since no `backward()` frees them, the saved tensors too: 10752, 19072, 27392, ... bytes,
-#    8320 more per step here. With `loss.item()` the total is a Python float, and nothing is
+#    8320 more per step. With `loss.item()` the total is a Python float, and nothing is
 #    kept: 0 nodes, 0 bytes (the same with `loss.detach()`). In a training loop `backward()`
 #    frees the saved tensors, but the nodes still pile up.
 #    (*§ The leak: `total_loss += loss`*)
@@ -1428,9 +1433,10 @@ read_the_source([
 #
 #    Each worker receives a copy of the same generator state, so worker 1's batches draw what
 #    worker 0's drew (`own rng [85, 63, 51]` in the first batch of each); each new set of
-#    workers starts again from a fresh copy, so every epoch and every generator seed repeat
-#    them too. Python's `random` and NumPy's global RNG do differ per worker: the loader
-#    seeds those. The fix is a `worker_init_fn` that reseeds the dataset's generator from
+#    workers starts again from a fresh copy, so every generator seed, and every epoch unless
+#    `persistent_workers=True` keeps the workers (and their copies) alive, repeats them too.
+#    Python's `random` and NumPy's global RNG do differ per worker: the loader seeds those.
+#    The fix is a `worker_init_fn` that reseeds the dataset's generator from
 #    `get_worker_info().seed` (`base_seed + worker_id`): the workers' draws then differ, two
 #    runs with generator seed 0 give the same batches, and seed 1 other ones.
 #    (*§ Worker processes and their random state*)
@@ -1445,8 +1451,8 @@ read_the_source([
 #    <details><summary>Answer</summary>
 #
 #    No: the number of groups and the size of each match, and the saved state is keyed by
-#    position, so it lands on whatever parameter now holds that position. The (16,) bias
-#    `0.bias` received the (16, 8) `exp_avg` of `0.weight`, silently. Loading into one group,
+#    position, so it lands on whatever parameter now holds that position. In the lesson the
+#    (16,) bias `0.bias` received the (16, 8) `exp_avg` of `0.weight`, silently. Loading into one group,
 #    or into the two groups swapped, does raise. Rebuild the same groups in the same order.
 #    (*§ Optimizer parameter groups: no weight decay on biases and norms*)
 #
