@@ -1019,7 +1019,7 @@ print(f"whole model:       {len(whole.graphs)} graph, ops {graph_ops(whole.graph
 # ends.
 #
 # **Predict.** A stack of four `Linear(512, 512)` + ReLU layers (1 MiB of weights each) is
-# wrapped in DDP with `bucket_cap_mb=1`, so that each layer's gradients make one bucket, and
+# wrapped in DDP with `bucket_cap_mb=1`, a bucket size that one layer's gradients fill, and
 # compiled. How many graphs does Dynamo hand the backend with the default
 # `torch._dynamo.config.optimize_ddp=True`? With `False`? Does it matter whether you compile
 # the DDP module, `torch.compile(DDP(model))`, or compile the model and then wrap it,
@@ -1132,10 +1132,12 @@ print(f"nn.Sequential: model.compile() {seq_counts[0]} graphs, torch.compile(mod
 # *DDPOptimizer* (`torch/_dynamo/backends/distributed.py`) cut it into four graphs, one per
 # layer, and handed each to the backend on its own. It walks the graph from the end (the
 # order in which backward makes the gradients ready) adding up parameter bytes, and cuts
-# where a bucket is full, using the DDP module's `bucket_cap_mb`. Each piece gets its own
-# compiled backward, so the last layer's gradients are ready, and DDP's hook can start
-# their all-reduce, while the earlier layers' backward still runs: communication overlaps
-# computation. With `optimize_ddp=False` there is one graph and one backward node: every
+# where a bucket is full, using the DDP module's `bucket_cap_mb` (and 1 MiB for the first
+# bucket from the end, `dist._DEFAULT_FIRST_BUCKET_BYTES`; the test checks a 2 MiB cap).
+# Each piece gets its own compiled backward, so the last layer's gradients are ready, and
+# DDP's hook can start their all-reduce, while the earlier layers' backward still runs:
+# communication overlaps computation (the reason its docstring, *Note [DDPOptimizer]*,
+# gives for the split). With `optimize_ddp=False` there is one graph and one backward node: every
 # bucket's all-reduce waits for the whole backward. Same numbers either way (`aot_eager`
 # runs the same kernels as eager); only the time at which communication can start differs,
 # and that needs two ranks to see (lesson 13 draws overlap on a per-rank timeline).
@@ -1144,10 +1146,11 @@ print(f"nn.Sequential: model.compile() {seq_counts[0]} graphs, torch.compile(mod
 # not by what it was handed: Dynamo checks whether a DDP module's forward is running
 # (`DistributedDataParallel._get_active_ddp_module()`), which is the case in both orders.
 # In `torch.compile(DDP(model))` ("wrap, then compile") Dynamo skips DDP's own `forward`
-# (torch's files) and captures from your model's `forward`, which DDP calls. PyTorch's page *Where to apply torch.compile?* recommends the other order,
-# compiling the inner module and wrapping it, because Dynamo does not handle the
-# distributed wrappers themselves well; torchtitan does that, compiling each transformer
-# block and then applying the data-parallel wrapper.
+# (torch's files) and captures from your model's `forward`, which DDP calls. PyTorch's page
+# *Where to apply torch.compile?* recommends the other order, compiling the inner module
+# and wrapping it, because Dynamo does not handle the distributed wrappers themselves
+# well; torchtitan does that, compiling each transformer block and then applying its
+# data-parallel wrapper.
 #
 # The last line is why `Stack` is a class of our own. `model.compile()` installs
 # `torch.compile(model._call_impl)`; for an `nn.Sequential` of torch's layers, that method
@@ -1242,9 +1245,10 @@ print(f"one step's loss and grads within 1e-6 of the eager model without FSDP: {
 # reduce-scatter the block's gradients once that block's compiled backward has run.
 # That is the reason for the order. Compiled inside the `fully_shard` wrap, each region is
 # one block: FSDP keeps scheduling its collectives block by block around it, exactly as in
-# eager (lesson 11), and the compile is paid once for all the identical blocks. A
-# `torch.compile` of the whole sharded model would instead have to trace FSDP's hooks and
-# collectives themselves, a harder path that PyTorch's own page advises against. Activation
+# eager (lesson 11), and the identical blocks share their graphs (two here, at any depth).
+# A `torch.compile` of the whole sharded model would instead have to trace FSDP's hooks and
+# collectives themselves, a harder path; PyTorch's page above advises compiling the inner
+# module. Activation
 # checkpointing goes on before the compile, tensor parallelism before both (lesson 13
 # composes them): torchtitan's order is TP, activation checkpointing, compile each block,
 # then `fully_shard` each block and the root.
