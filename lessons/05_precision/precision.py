@@ -518,12 +518,46 @@ print(f"cross_entropy_loss decomposes into other ops (CompositeImplicitAutograd)
 #
 # No. On the CPU, `cross_entropy_loss` itself is on the float32 list, and autocast casts
 # its input up before it runs. CUDA autocast has no rule for it at all: the op falls
-# through and decomposes into `log_softmax` and `nll_loss`, and it is `log_softmax`, on
-# CUDA's float32 list, that casts the bfloat16 logits up; `nll_loss` then reads float32.
-# CUDA's list also holds `softmax` and `layer_norm`, which the CPU's does not: on a GPU
-# those two calls return float32 (this lesson's CUDA test checks all of it,
-# `make test-gpu`). The same line of Python gets its float32 loss from different ops on
-# different devices, and a change to either list changes what you get.
+# through and decomposes into `log_softmax` and `nll_loss`, and CUDA's autocast has a rule
+# for each. CUDA's rules also cover `softmax` and `layer_norm`, which the CPU's do not: on
+# a GPU those two calls return float32 (this lesson's CUDA test checks it,
+# `make test-gpu`).
+#
+# The rules differ in kind. `nll_loss` is on the plain float32 list: its input is cast up.
+# `softmax` and `log_softmax` are on a list whose rule only fills in their `dtype`
+# argument with float32 when the call left it unset; a `dtype` the caller passed is kept.
+#
+# **Predict.** Which `dtype` does `cross_entropy_loss` pass to the `log_softmax` it calls?
+# The profiler records the arguments of every op it sees (`record_shapes=True`); compare
+# them with those of `log_softmax` calls whose `dtype` we choose.
+
+
+# %%
+def log_softmax_dtype_arg(fn):
+    """The `dtype` argument of the aten::log_softmax call inside fn, as the profiler records it."""
+    with torch.profiler.profile(record_shapes=True) as prof:
+        fn()
+    return next(e.concrete_inputs[2] for e in prof.events() if e.name == "aten::log_softmax")
+
+
+arg_of = {d: log_softmax_dtype_arg(lambda d=d: F.log_softmax(logits, -1, dtype=d))
+          for d in (None, torch.bfloat16, torch.float32)}  # the recorded form of each choice
+ce_arg = log_softmax_dtype_arg(lambda: F.cross_entropy(logits, labels))  # bfloat16 logits
+ce_dtype = next(d for d, a in arg_of.items() if a == ce_arg)
+print(f"cross_entropy_loss on {logits.dtype} logits calls log_softmax with dtype={ce_dtype}")
+
+# %% [markdown]
+# Output:
+# ```text
+# cross_entropy_loss on torch.bfloat16 logits calls log_softmax with dtype=torch.bfloat16
+# ```
+#
+# The decomposition asks `log_softmax` for the logits' own dtype, so CUDA's rule for
+# `log_softmax` leaves it in bfloat16, and it is `nll_loss`, on the plain float32 list,
+# that casts the bfloat16 log-probabilities up: the loss is float32, summed from
+# log-probabilities already rounded to bfloat16. The same line of Python gets its float32
+# loss from different ops on different devices, and a change to either device's lists
+# changes what you get.
 #
 # So do not rely on one device's lists: compute the loss on float32 logits yourself.
 #
@@ -1205,7 +1239,8 @@ print("saved formats.png")
 # - CPU autocast runs linear/matmul in bfloat16, keeps softmax and layer_norm in their
 #   input dtype (CUDA's lists put them in float32), and returns float32 cross-entropy:
 #   on the CPU because `cross_entropy_loss` is on its float32 list, on CUDA because the op
-#   decomposes into `log_softmax` and `nll_loss`, which are on CUDA's. Compute the loss on
+#   decomposes into `log_softmax`, which keeps the bfloat16 dtype the decomposition asks
+#   for, and `nll_loss`, which is on CUDA's float32 list. Compute the loss on
 #   `logits.float()`: a bfloat16 `nll_loss` sums in bfloat16 and lands a step off.
 # - Whether a 16-bit matmul is faster than float32 on a CPU depends on its instructions
 #   (AVX-512 BF16, AMX): measure it. Without them it can be tens of times slower.
@@ -1241,7 +1276,10 @@ read_the_source([
      "The float32 list that CUDA autocast registers: `layer_norm` and `nll_loss` "
      "are in it, `softmax` and `log_softmax` are in `AT_FORALL_FP32_SET_OPT_DTYPE` just "
      "below, and `cross_entropy_loss` is in neither, so on CUDA it falls through and "
-     "decomposes. `enum class CastPolicy`, further up, says what each list does to an op's inputs."),
+     "decomposes. `enum class CastPolicy`, further up, says what each list's rule does: "
+     "`fp32` casts the inputs up, `fp32_set_opt_dtype` only fills in a `dtype` argument the "
+     "call left unset (`set_opt_dtype`, just above it, keeps one that is set, as in section "
+     "4's `log_softmax` call)."),
     ("pytorch:aten/src/ATen/autocast_mode.cpp", "TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)",
      "CPU autocast's own lists, op by op: `mm` and `linear` under `lower_precision_fp`, "
      "`cross_entropy_loss` and `nll_loss` under `fp32`, no `softmax` and no `layer_norm`. "
@@ -1252,8 +1290,9 @@ read_the_source([
      "`torch.clear_autocast_cache()`: the cached weight copies are dropped, so the next "
      "region casts every weight again."),
     ("torch/amp/grad_scaler.py", "def unscale_(",
-     "Multiplies the gradients by the reciprocal of the scale (computed in float64) through "
-     "`_unscale_grads_`, which refuses float16 gradients, and records the stage `UNSCALED` so "
+     "Multiplies the gradients by the reciprocal of the scale (computed in float64, except on "
+     "MPS) through `_unscale_grads_`, which, called from here with `allow_fp16=False`, refuses "
+     "float16 gradients, and records the stage `UNSCALED` so "
      "that `step()` does not divide again; `_maybe_opt_step` below calls `optimizer.step()` "
      "only when no inf/NaN was found, and `update()` hands the scale to `torch._amp_update_scale_`."),
     ("pytorch:aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp", "_amp_update_scale_cpu_kernel(",
@@ -1274,13 +1313,13 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «path»
 # torch/include/ATen/autocast_mode.h:«line»  `#define AT_FORALL_FP32(_)`
-#     The float32 list that CUDA autocast registers: `layer_norm` and `nll_loss` are in it, `softmax` and `log_softmax` are in `AT_FORALL_FP32_SET_OPT_DTYPE` just below, and `cross_entropy_loss` is in neither, so on CUDA it falls through and decomposes. `enum class CastPolicy`, further up, says what each list does to an op's inputs.
+#     The float32 list that CUDA autocast registers: `layer_norm` and `nll_loss` are in it, `softmax` and `log_softmax` are in `AT_FORALL_FP32_SET_OPT_DTYPE` just below, and `cross_entropy_loss` is in neither, so on CUDA it falls through and decomposes. `enum class CastPolicy`, further up, says what each list's rule does: `fp32` casts the inputs up, `fp32_set_opt_dtype` only fills in a `dtype` argument the call left unset (`set_opt_dtype`, just above it, keeps one that is set, as in section 4's `log_softmax` call).
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/autocast_mode.cpp
 #     search for `TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)`: CPU autocast's own lists, op by op: `mm` and `linear` under `lower_precision_fp`, `cross_entropy_loss` and `nll_loss` under `fp32`, no `softmax` and no `layer_norm`. Higher up, `cached_cast` keeps the low-precision copy of a float32 leaf that requires grad (a weight) and casts every other tensor anew at each op.
 # torch/amp/autocast_mode.py:«line»  `def __exit__(`
 #     Leaving the outermost autocast region (`autocast_decrement_nesting() == 0`) calls `torch.clear_autocast_cache()`: the cached weight copies are dropped, so the next region casts every weight again.
 # torch/amp/grad_scaler.py:«line»  `def unscale_(`
-#     Multiplies the gradients by the reciprocal of the scale (computed in float64) through `_unscale_grads_`, which refuses float16 gradients, and records the stage `UNSCALED` so that `step()` does not divide again; `_maybe_opt_step` below calls `optimizer.step()` only when no inf/NaN was found, and `update()` hands the scale to `torch._amp_update_scale_`.
+#     Multiplies the gradients by the reciprocal of the scale (computed in float64, except on MPS) through `_unscale_grads_`, which, called from here with `allow_fp16=False`, refuses float16 gradients, and records the stage `UNSCALED` so that `step()` does not divide again; `_maybe_opt_step` below calls `optimizer.step()` only when no inf/NaN was found, and `update()` hands the scale to `torch._amp_update_scale_`.
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp
 #     search for `_amp_update_scale_cpu_kernel(`: the skip/halve/double rule on the CPU: after an inf/NaN the scale is multiplied by `backoff_factor` and the growth tracker reset to 0; otherwise the tracker counts the clean step, and when it reaches `growth_interval` the scale is multiplied by `growth_factor` (unless that would overflow) and the tracker restarts.
 # torch/optim/adam.py:«line»  `def _single_tensor_adam(`
@@ -1339,7 +1378,9 @@ read_the_source([
 #
 #    No. `aten::cross_entropy_loss` has an `AutocastCPU` kernel but no `AutocastCUDA` one;
 #    it is `CompositeImplicitAutograd`, so on CUDA it decomposes and autocast acts on the
-#    pieces, `log_softmax.int` and `nll_loss`, which have `AutocastCUDA` kernels. Do not
+#    pieces, `log_softmax.int` and `nll_loss`, which have `AutocastCUDA` kernels. The
+#    decomposition calls `log_softmax` with `dtype=torch.bfloat16`, the logits' own, which
+#    CUDA's rule for it keeps; `nll_loss`'s float32 rule is the one that casts up. Do not
 #    lean on either list: outside autocast, the same bfloat16 logits give a loss of 3.5625
 #    against 3.5418 from `logits.float()`
 #    (*§ Autocast on the CPU: which ops run in bfloat16*).

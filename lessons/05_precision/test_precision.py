@@ -161,6 +161,17 @@ def test_autocast_rules_per_device(lesson):
     assert not rule("aten::relu", "AutocastCPU")  # not every op has a rule: a rule is an entry
 
 
+def test_cross_entropy_passes_the_logits_dtype_to_log_softmax(lesson):
+    """The decomposition sets log_softmax's dtype to the logits' own, so CUDA's
+    fp32_set_opt_dtype rule for log_softmax keeps it (lesson section 4)."""
+    ns = lesson.ns
+    arg_of, probe = ns["arg_of"], ns["log_softmax_dtype_arg"]
+    assert len(set(map(str, arg_of.values()))) == 3  # None, bfloat16, float32 recorded apart
+    assert ns["ce_dtype"] == ns["logits"].dtype == torch.bfloat16
+    float_logits = ns["logits"].float()
+    assert probe(lambda: F.cross_entropy(float_logits, ns["labels"])) == arg_of[torch.float32]
+
+
 def cpu_flags():
     try:
         text = open("/proc/cpuinfo").read()
@@ -571,8 +582,10 @@ def test_tf32_is_what_high_precision_means(record_property):
 
 @pytest.mark.cuda
 def test_cuda_autocast_dtypes(record_property):
-    """On CUDA, softmax and layer_norm are on autocast's float32 list (on the CPU they are not);
-    cross-entropy's float32 comes from log_softmax, on that list (lesson section 4)."""
+    """On CUDA, softmax and layer_norm run in float32 under autocast (on the CPU they do not);
+    cross-entropy's float32 comes from nll_loss: the decomposition passes log_softmax the
+    logits' own dtype, which CUDA's rule for log_softmax keeps (lesson section 4).
+    Written without a GPU: unverified."""
     x = torch.randn(8, 16, device="cuda")
     w = torch.randn(4, 16, device="cuda")
     labels = torch.randint(0, 4, (8,), device="cuda")
@@ -583,8 +596,10 @@ def test_cuda_autocast_dtypes(record_property):
         assert F.layer_norm(logits, (4,)).dtype == torch.float32
         assert F.cross_entropy(logits, labels).dtype == torch.float32
         logp = F.log_softmax(logits, -1)
-        assert logp.dtype == torch.float32  # the cast up happens here
-        assert F.nll_loss(logp, labels).dtype == torch.float32
+        assert logp.dtype == torch.float32  # no dtype given: the rule fills in float32
+        logp_own = F.log_softmax(logits, -1, dtype=logits.dtype)  # as cross_entropy calls it
+        assert logp_own.dtype == torch.bfloat16  # a dtype given is kept
+        assert F.nll_loss(logp_own, labels).dtype == torch.float32  # the cast up happens here
         assert (logits @ w).dtype == torch.bfloat16  # matmuls stay low precision
         for name, out in [("softmax", logits.softmax(-1)), ("layer_norm", F.layer_norm(logits, (4,))),
                           ("log_softmax", logp), ("cross_entropy", F.cross_entropy(logits, labels))]:
