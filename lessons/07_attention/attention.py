@@ -39,6 +39,7 @@ import contextlib
 import math
 import os
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -1017,7 +1018,158 @@ n_graphs = graph_count() - graphs_before
 #   compiled kernel per pair of functions; put the varying data in tensors to compile
 #   once. No backward on CPU in 2.13.0, and no compiled CPU kernel without AVX2 or on
 #   macOS (PyTorch's own check; the lesson tries and reports the refusal).
+
+# %% [markdown]
+# ## Read the source
 #
+# Open these in your editor: each path is relative to the folder that holds your installed
+# `torch` (your site-packages), and the line numbers are those of your installation; the two
+# C++ files the wheel does not ship are links at the release's tag. The stops follow the
+# lesson: the formula as PyTorch documents it, the math backend that computes it, what the
+# flash kernel keeps for backward and how it walks the keys, the backend switch, and
+# FlexAttention's block masks.
+
+# %%
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's source map, sourcemap.py
+from sourcemap import read_the_source  # noqa: E402
+
+read_the_source([
+    ("torch/nn/functional.py", "scaled_dot_product_attention = _add_docstr(",
+     "Only a docstring on the C++ op, whose reference code is section 2's `formula` with every "
+     "option: scale `1 / math.sqrt(query.size(-1))`, a boolean mask turned into `-inf` where it "
+     "is False and a float mask added (section 3), `is_causal` as `ones(L, S).tril(diagonal=0)`, "
+     "which for L < S is section 4's upper-left alignment, `repeat_interleave` for GQA (section "
+     "6) and `torch.dropout(..., train=True)`, blind to `eval()` (section 5). Its plain softmax "
+     "gives NaN for a fully masked row, where SDPA gives 0 (section 7)."),
+    ("pytorch:aten/src/ATen/native/transformers/attention.cpp",
+     "std::tuple<Tensor, Tensor> _scaled_dot_product_attention_math(",
+     "The math backend: fp16 and bf16 inputs go `.to(at::kFloat)` first (section 7's three "
+     "`_to_copy`), `pre_process_group_query_attention_input` copies K and V with "
+     "`repeat_interleave` (section 6, and its cut-short head-count message), and "
+     "`at::_safe_softmax` writes 0 for fully masked rows. It multiplies Q and K each by the "
+     "square root of the scale before their product, where `formula` divides the product: the "
+     "same in exact arithmetic, a different rounding, hence section 2's bound."),
+    ("torchgen/packaged/autograd/derivatives.yaml",
+     "name: _scaled_dot_product_flash_attention_for_cpu(",
+     "The CPU flash kernel's autograd entry: of `(output, logsumexp)` only the output is "
+     "differentiable, and the backward op gets `query, key, value, output, logsumexp`, the "
+     "tensors section 2 found saved, nothing of size S x S. The math backend has no entry: it is "
+     "composite, so autograd records the ops it runs, probabilities included."),
+    ("pytorch:aten/src/ATen/native/cpu/FlashAttentionKernel.cpp", "void cpu_flash_attention(",
+     "The online softmax of section 1: for each block of queries, a loop over blocks of keys "
+     "keeps `qk_max` and `qk_sum` per row and rescales the partial output `dst` by "
+     "`exp(old max - new max)`. After the loop a row whose sum is 0 (every key masked) is "
+     "divided by 1, so it outputs 0 (section 7), and `max + log(sum)` is stored as the "
+     "`logsumexp` that backward uses (section 2)."),
+    ("torch/nn/attention/__init__.py", "def sdpa_kernel(",
+     "`_sdpa_kernel`, just above, switches one flag per backend "
+     "(`torch._C._set_sdp_use_flash`, `..._math`, ...) on or off by whether it is in your "
+     "list, and the `finally` restores the previous flags: it narrows the candidates, it cannot "
+     "make a kernel accept inputs it refuses. With no candidate left, section 7's "
+     "\"No viable backend\" follows."),
+    ("torch/nn/attention/flex_attention.py", "def create_block_mask(",
+     "It evaluates your `mask_mod` into a dense mask with `create_mask`, then "
+     "`_convert_mask_to_block_mask` (above) sums each 128 x 128 block: all kept is a full "
+     "block, none kept is skipped, anything between is a partial block, masked inside. "
+     "`BlockMask.sparsity` is the skipped share (section 8), and `_validate_device`, below, "
+     "raises section 8's error for CPU inputs that require grad."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# torch/nn/functional.py:«line»  `scaled_dot_product_attention = _add_docstr(`
+#     Only a docstring on the C++ op, whose reference code is section 2's `formula` with every option: scale `1 / math.sqrt(query.size(-1))`, a boolean mask turned into `-inf` where it is False and a float mask added (section 3), `is_causal` as `ones(L, S).tril(diagonal=0)`, which for L < S is section 4's upper-left alignment, `repeat_interleave` for GQA (section 6) and `torch.dropout(..., train=True)`, blind to `eval()` (section 5). Its plain softmax gives NaN for a fully masked row, where SDPA gives 0 (section 7).
+# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/transformers/attention.cpp
+#     search for `std::tuple<Tensor, Tensor> _scaled_dot_product_attention_math(`: The math backend: fp16 and bf16 inputs go `.to(at::kFloat)` first (section 7's three `_to_copy`), `pre_process_group_query_attention_input` copies K and V with `repeat_interleave` (section 6, and its cut-short head-count message), and `at::_safe_softmax` writes 0 for fully masked rows. It multiplies Q and K each by the square root of the scale before their product, where `formula` divides the product: the same in exact arithmetic, a different rounding, hence section 2's bound.
+# torchgen/packaged/autograd/derivatives.yaml:«line»  `name: _scaled_dot_product_flash_attention_for_cpu(`
+#     The CPU flash kernel's autograd entry: of `(output, logsumexp)` only the output is differentiable, and the backward op gets `query, key, value, output, logsumexp`, the tensors section 2 found saved, nothing of size S x S. The math backend has no entry: it is composite, so autograd records the ops it runs, probabilities included.
+# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/cpu/FlashAttentionKernel.cpp
+#     search for `void cpu_flash_attention(`: The online softmax of section 1: for each block of queries, a loop over blocks of keys keeps `qk_max` and `qk_sum` per row and rescales the partial output `dst` by `exp(old max - new max)`. After the loop a row whose sum is 0 (every key masked) is divided by 1, so it outputs 0 (section 7), and `max + log(sum)` is stored as the `logsumexp` that backward uses (section 2).
+# torch/nn/attention/__init__.py:«line»  `def sdpa_kernel(`
+#     `_sdpa_kernel`, just above, switches one flag per backend (`torch._C._set_sdp_use_flash`, `..._math`, ...) on or off by whether it is in your list, and the `finally` restores the previous flags: it narrows the candidates, it cannot make a kernel accept inputs it refuses. With no candidate left, section 7's "No viable backend" follows.
+# torch/nn/attention/flex_attention.py:«line»  `def create_block_mask(`
+#     It evaluates your `mask_mod` into a dense mask with `create_mask`, then `_convert_mask_to_block_mask` (above) sums each 128 x 128 block: all kept is a full block, none kept is skipped, anything between is a partial block, masked inside. `BlockMask.sparsity` is the skipped share (section 8), and `_validate_device`, below, raises section 8's error for CPU inputs that require grad.
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# 1. **Predict.** You check `F.scaled_dot_product_attention`, restricted to the math backend,
+#    against `softmax(Q Kᵀ / √d) · V` written by hand, in float64: the output and the
+#    gradients with respect to Q, K and V. Do you assert `torch.equal`, or a bound? Which?
+#
+#    <details><summary>Answer</summary>
+#
+#    A bound. All four agree within `torch.testing.assert_close`'s float64 tolerances
+#    (rtol and atol 1e-7: the cell would have raised otherwise), and each largest gap is
+#    rounding-level: the test asserts it below 1e-12. The gaps are printed as placeholders
+#    because their last digits depend on the order in which this CPU's matmul sums, so only
+#    a bound holds on every student's machine (*§ SDPA is the formula*).
+#
+#    </details>
+#
+# 2. **Explain.** For backward, what does each CPU backend keep from an attention call at
+#    S = 64, and why does the difference decide what fits at S = 8192?
+#
+#    <details><summary>Answer</summary>
+#
+#    The math backend's graph keeps (S, S) tensors, (1, 2, 64, 64) and (2, 64, 64) among
+#    them: the probabilities. The flash kernel's one backward node keeps Q, K, V and the
+#    output, (1, 2, 64, 16) each, and one log-sum-exp per query row, (1, 2, 64): nothing
+#    of size S × S, so its backward must recompute the scores (*§ SDPA is the formula*).
+#    The S × S part grows as S²: at S = 8192 the fp32 scores of two heads alone are
+#    512 MiB per layer (*§ The formula, and the size of the score matrix*).
+#
+#    </details>
+#
+# 3. **Spot the bugs.** Porting a model from `nn.MultiheadAttention`, someone writes
+#    `F.scaled_dot_product_attention(q, k, v, attn_mask=key_padding_mask.view(B, 1, 1, S),
+#    dropout_p=0.1)` and validates after `model.eval()`. What is wrong, twice?
+#
+#    <details><summary>Answer</summary>
+#
+#    The mask is inverted: in `key_padding_mask` True means padding, in SDPA's boolean
+#    `attn_mask` True means keep. The row `[True, False]` that keeps key 0 in SDPA drops key
+#    0 in MHA, and SDPA given `~key_padding_mask` as (B, 1, 1, S) equals MHA
+#    (*§ Masks: True means keep (and `key_padding_mask` says the opposite)*). And the
+#    dropout ignores `eval()`: with a fixed `dropout_p`, two eval calls on the same input
+#    differ, while `dropout_p=self.p if self.training else 0.0` gives the result without
+#    dropout (*§ `dropout_p` does not know about `eval()`*).
+#
+#    </details>
+#
+# 4. **Predict.** In a decode step with a KV cache, the newest token's single query meets
+#    all the cached keys, and the code passes `is_causal=True`. Which keys does that query
+#    see, and what should the code pass instead?
+#
+#    <details><summary>Answer</summary>
+#
+#    Key 0 only: `is_causal=True` counts queries and keys from 0 at the upper left, so the
+#    one query is treated as the first token. With the lesson's two keys it outputs value
+#    row 0, `[[10.0, 0.0]]`, where row 1 of the full causal pass is `[[7.4, 2.6]]`; both
+#    `is_causal=False` and `causal_lower_right(1, 2)` reproduce that row. For several new
+#    queries at once, pass a mask aligned to the bottom right
+#    (*§ `is_causal=True` is aligned to the upper left*).
+#
+#    </details>
+#
+# 5. **Predict.** FlexAttention with a causal `mask_mod` at S = 512 and 128 × 128 blocks
+#    keeps about half the cells. What share of the blocks does it skip, and why not half?
+#
+#    <details><summary>Answer</summary>
+#
+#    37.5 %: 10 of the 16 blocks hold a kept cell and are computed (the printed grid), 6
+#    are skipped, while 50.1 % of the cells are kept. A block is skipped only when every
+#    cell in it is masked; the blocks on the diagonal are half masked and still computed.
+#    Block sparsity, not the share of masked cells, is what saves work: the document mask
+#    keeps 33.9 % of the cells and also skips 37.5 % of the blocks
+#    (*§ FlexAttention: masks as functions, sparsity as blocks*).
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder and implement:
