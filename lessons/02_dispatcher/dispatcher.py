@@ -999,8 +999,9 @@ read_the_source([
 #
 #    <details><summary>Answer</summary>
 #
-#    All three end in `aten.mm.default`; for `F.linear` the mode first sees two
-#    `aten.t.default` (the weight transposed back: two views, no copy). The profiler's
+#    All three end in `aten.mm.default`; for `F.linear(x, w.t())` the mode first sees two
+#    `aten.t.default` (our `w.t()`, then `linear` transposing it back: two views, no copy
+#    op). The profiler's
 #    top-level calls are `aten::mm`, `aten::matmul`, and `aten::t`, `aten::linear`:
 #    `matmul` and `linear` are composites, written in terms of other ATen ops, and they
 #    have decomposed by the time a call reaches the mode
