@@ -1259,9 +1259,10 @@ print(f"torch.randn(4).is_pinned(): {torch.randn(4).is_pinned()}")
 #   `torch.utils.benchmark.Timer.blocked_autorange` does this, with blocks of calls sized
 #   to the work; timings on a shared machine vary, ratios and counts do not.
 # - `.item()`, formatting or printing a tensor, `if tensor:`, `.cpu()` and `.tolist()`
-#   read values on the host: on a GPU each one waits for the queue. The profiler's
-#   `aten::_local_scalar_dense` finds most of them (not `.tolist()` on the CPU);
-#   `torch.cuda.set_sync_debug_mode` reports many, not all.
+#   read values on the host: on a GPU each one waits for the queue. On the CPU the
+#   profiler's `aten::_local_scalar_dense` finds `.item()`, formatting and `if tensor:`,
+#   not `.cpu()` (no copy there) or `.tolist()`; `torch.cuda.set_sync_debug_mode`
+#   reports many, not all.
 # - `torch.profiler` + `record_function` give a table (count by calls for what ran, by
 #   self time for where the time went) and a Chrome trace; `schedule` + `prof.step()`
 #   record chosen steps of a long run, `profile_memory` each op's allocations,
@@ -1270,8 +1271,9 @@ print(f"torch.randn(4).is_pinned(): {torch.randn(4).is_pinned()}")
 #   (embeddings are gathers, 0 FLOPs) per token, plus attention's 12·L·d·S, which 6·N
 #   leaves out (a third at S = 8,192 for a 4096-wide model). MFU = model FLOPs per second
 #   ÷ peak; check that the training state (16 bytes per parameter) fits first.
-# - A CPU core's peak is lanes × FLOPs per lane × clock; the lesson's profiled MLP step
-#   reaches a share of it a little below the large matmul's.
+# - A CPU core's peak is lanes × FLOPs per lane × clock (an estimate); the profiled MLP
+#   step runs no faster than its own two large products alone (timed pair by pair), and
+#   MFU is its rate over that peak.
 # - Three regimes: compute-bound (large matmuls, at the flat roof), memory-bound
 #   (elementwise chains, on the bandwidth slope), overhead-bound (tiny ops, far below
 #   both). The roofline, min(peak, bandwidth × FLOPs per byte), tells the first two apart;
@@ -1296,8 +1298,9 @@ from sourcemap import read_the_source  # noqa: E402
 
 read_the_source([
     ("torch/_tensor.py", "def __format__(",
-     "A 0-d tensor is formatted as `self.detach().item()`: an f-string of the loss is a host "
-     "read, the `aten::detach` and `aten::item` that section 4 found in its `format` region."),
+     "A 0-d tensor (a plain `Tensor`, not a subclass, not on the meta device) is formatted as "
+     "`self.detach().item()`: an f-string of the loss is a host read, the `aten::detach` and "
+     "`aten::item` that section 4 found in its `format` region."),
     ("torchgen/packaged/ATen/native/native_functions.yaml",
      "func: _local_scalar_dense(Tensor self) -> Scalar",
      "The op that reads one value into Python, with a kernel per device (CPU, CUDA, MPS); the "
@@ -1311,17 +1314,19 @@ read_the_source([
      "defaults to `num_threads=1`."),
     ("torch/profiler/profiler.py", "def schedule(",
      "`schedule_fn` turns a step number into NONE, WARMUP, RECORD or, on a cycle's last active "
-     "step, RECORD_AND_SAVE, and returns NONE once `repeat` cycles are done; `profile.step()` "
+     "step, RECORD_AND_SAVE, and returns NONE once `repeat` cycles are done (`repeat=0`, the "
+     "default, cycles for ever); `profile.step()` "
      "asks it about the next step, and `action_map` calls `on_trace_ready` when "
      "RECORD_AND_SAVE ends."),
     ("torch/utils/flop_counter.py", "def mm_flop(",
      "`m * n * 2 * k`, section 6's 2·m·k·n, registered for `aten.mm`; `addmm_flop` reuses it, "
      "so a bias add counts nothing. `FlopCounterMode._count_flops` adds a count only for an op "
-     "with a formula in `flop_registry` (one without is first decomposed, where it can be): "
-     "nothing the embedding runs has one, so it counts 0."),
+     "with a formula in `flop_registry`, and `_FlopCounterMode.__torch_dispatch__` first "
+     "decomposes an op without one, where it can: nothing the embedding runs has one, so it "
+     "counts 0."),
     ("torch/cuda/memory.py", "def memory_reserved(",
      "It reads `reserved_bytes.all.current` from the caching allocator's `memory_stats()`, "
-     "where `memory_allocated` just above reads `allocated_bytes.all.current`: bytes held "
+     "where `memory_allocated`, two functions above, reads `allocated_bytes.all.current`: bytes held "
      "from CUDA against bytes in live tensors. `empty_cache`, near the top of the file, "
      "releases the cached memory that no tensor occupies."),
 ])
@@ -1331,17 +1336,17 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «path»
 # torch/_tensor.py:«line»  `def __format__(`
-#     A 0-d tensor is formatted as `self.detach().item()`: an f-string of the loss is a host read, the `aten::detach` and `aten::item` that section 4 found in its `format` region.
+#     A 0-d tensor (a plain `Tensor`, not a subclass, not on the meta device) is formatted as `self.detach().item()`: an f-string of the loss is a host read, the `aten::detach` and `aten::item` that section 4 found in its `format` region.
 # torchgen/packaged/ATen/native/native_functions.yaml:«line»  `func: _local_scalar_dense(Tensor self) -> Scalar`
 #     The op that reads one value into Python, with a kernel per device (CPU, CUDA, MPS); the CUDA kernel copies the value to the host and waits for the stream. `func: item`, a few entries above, has no `dispatch:` of its own: it is a composite that calls this op.
 # torch/utils/benchmark/utils/timer.py:«line»  `def _estimate_block_size(`
 #     How `blocked_autorange` (just below) picks its block: 1, 10, 100, ... calls, until the timer's own overhead is at most 1e-4 of a block and a block lasts `min_run_time / 1000` (or one block outlasts `min_run_time`); these runs are its warm-up. `timer()` at the top of the file synchronises the accelerator before reading the clock, and `Timer.__init__` defaults to `num_threads=1`.
 # torch/profiler/profiler.py:«line»  `def schedule(`
-#     `schedule_fn` turns a step number into NONE, WARMUP, RECORD or, on a cycle's last active step, RECORD_AND_SAVE, and returns NONE once `repeat` cycles are done; `profile.step()` asks it about the next step, and `action_map` calls `on_trace_ready` when RECORD_AND_SAVE ends.
+#     `schedule_fn` turns a step number into NONE, WARMUP, RECORD or, on a cycle's last active step, RECORD_AND_SAVE, and returns NONE once `repeat` cycles are done (`repeat=0`, the default, cycles for ever); `profile.step()` asks it about the next step, and `action_map` calls `on_trace_ready` when RECORD_AND_SAVE ends.
 # torch/utils/flop_counter.py:«line»  `def mm_flop(`
-#     `m * n * 2 * k`, section 6's 2·m·k·n, registered for `aten.mm`; `addmm_flop` reuses it, so a bias add counts nothing. `FlopCounterMode._count_flops` adds a count only for an op with a formula in `flop_registry` (one without is first decomposed, where it can be): nothing the embedding runs has one, so it counts 0.
+#     `m * n * 2 * k`, section 6's 2·m·k·n, registered for `aten.mm`; `addmm_flop` reuses it, so a bias add counts nothing. `FlopCounterMode._count_flops` adds a count only for an op with a formula in `flop_registry`, and `_FlopCounterMode.__torch_dispatch__` first decomposes an op without one, where it can: nothing the embedding runs has one, so it counts 0.
 # torch/cuda/memory.py:«line»  `def memory_reserved(`
-#     It reads `reserved_bytes.all.current` from the caching allocator's `memory_stats()`, where `memory_allocated` just above reads `allocated_bytes.all.current`: bytes held from CUDA against bytes in live tensors. `empty_cache`, near the top of the file, releases the cached memory that no tensor occupies.
+#     It reads `reserved_bytes.all.current` from the caching allocator's `memory_stats()`, where `memory_allocated`, two functions above, reads `allocated_bytes.all.current`: bytes held from CUDA against bytes in live tensors. `empty_cache`, near the top of the file, releases the cached memory that no tensor occupies.
 # ```
 
 # %% [markdown]
