@@ -1335,10 +1335,11 @@ read_the_source([
 #    <details><summary>Answer</summary>
 #
 #    Range is not the problem: bfloat16 keeps 1e-8 (as 1.00117e-08) and 70,000 (as
-#    70,144) where float16 gives 0 and inf (*§ Three formats, one table*). Precision is:
-#    with 7 mantissa bits its step at 1.0 is 0.00781, so 1 + 10,000 × 1e-4 stays 1.0000,
-#    and at lr 1e-5, 84.5% of weights of size 0.02 do not move at all, against 0.0% in
-#    float32 (*§ Why the weights stay in float32*). Small updates need float32 to land.
+#    70,144) where float16 gives 0 and inf; precision is: with 7 mantissa bits its step at
+#    1.0 is 0.00781 (*§ Three formats, one table*). So 1 + 10,000 × 1e-4, a running sum of
+#    small updates, stays 1.0000, and at lr 1e-5, 84.5% of weights of size 0.02 do not move
+#    at all, against 0.0% in float32 (*§ Why the weights stay in float32*). Small updates,
+#    to a weight or to a running sum, need float32 to land.
 #
 #    </details>
 #
