@@ -532,15 +532,16 @@ from sourcemap import read_the_source  # noqa: E402  (lessons/ is on sys.path: f
 
 read_the_source([
     ("torch/distributed/rendezvous.py", "def _env_rendezvous_handler(",
-     "What `init_process_group` runs when it is given no `init_method` (`env://`): it reads "
+     "What `init_process_group` runs when given neither `init_method` nor `store` (`env://`): "
+     "it reads "
      "`RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` from the environment torchrun set "
      "(raising 'environment variable ... expected, but not set' when one is missing), then "
      "`_create_c10d_store` opens a TCPStore at that address, the key-value store through which "
      "the ranks meet."),
     ("torch/distributed/device_mesh.py", "def init_device_mesh(",
      "It builds a layout from `mesh_shape` and the identity rank map `torch.arange(n)` over the "
-     "mesh's n ranks, and "
-     "`DeviceMesh.__init__` calls `_init_process_groups`: one process group per mesh dimension. "
+     "mesh's n ranks, and `DeviceMesh.__init__` calls `_init_process_groups`: one process group "
+     "per mesh dimension. "
      "For a 1-D mesh over the whole world, `_init_one_process_group` uses the default group "
      "itself (a new group only when CUDA is available and the default group is gloo), and "
      "`get_local_rank('dp')` is this rank's rank in that group: the printed mesh coordinate."),
@@ -574,7 +575,7 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «folder»
 # torch/distributed/rendezvous.py:«line»  `def _env_rendezvous_handler(`
-#     What `init_process_group` runs when it is given no `init_method` (`env://`): it reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` from the environment torchrun set (raising 'environment variable ... expected, but not set' when one is missing), then `_create_c10d_store` opens a TCPStore at that address, the key-value store through which the ranks meet.
+#     What `init_process_group` runs when given neither `init_method` nor `store` (`env://`): it reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` from the environment torchrun set (raising 'environment variable ... expected, but not set' when one is missing), then `_create_c10d_store` opens a TCPStore at that address, the key-value store through which the ranks meet.
 # torch/distributed/device_mesh.py:«line»  `def init_device_mesh(`
 #     It builds a layout from `mesh_shape` and the identity rank map `torch.arange(n)` over the mesh's n ranks, and `DeviceMesh.__init__` calls `_init_process_groups`: one process group per mesh dimension. For a 1-D mesh over the whole world, `_init_one_process_group` uses the default group itself (a new group only when CUDA is available and the default group is gloo), and `get_local_rank('dp')` is this rank's rank in that group: the printed mesh coordinate.
 # torch/distributed/tensor/_redistribute.py:«line»  `def redistribute_local_tensor(`

@@ -581,8 +581,8 @@ read_the_source([
      "Every stage but the first gets one receive buffer per micro-batch, all made by "
      "`_make_tensor_from_meta` from the same `_stage_meta.inputs`: shapes that "
      "`_forward_metadata_inference` (above) derives on stage 0 from the first micro-batch and "
-     "sends to the next stage. Hence the 3-row output against a 2-row target when 10 samples made 4 "
-     "micro-batches."),
+     "sends to the next stage. Hence the 3-row output against a 2-row target when 10 samples "
+     "made 4 micro-batches."),
 ])
 
 # %% [markdown]
@@ -632,9 +632,9 @@ read_the_source([
 #
 #    </details>
 #
-# 3. **Spot the bug.** A plan pairs the styles the other way round, `{"up":
-#    RowwiseParallel(), "down": ColwiseParallel()}`, with the same `x` (5, 6) on both ranks.
-#    What goes wrong, and what does the version with explicit layouts cost?
+# 3. **Spot the bug.** A plan pairs the styles the other way round,
+#    `{"up": RowwiseParallel(), "down": ColwiseParallel()}`, with the same `x` (5, 6) on both
+#    ranks. What goes wrong, and what does the version with explicit layouts cost?
 #
 #    <details><summary>Answer</summary>
 #
@@ -672,7 +672,8 @@ read_the_source([
 #    stages): the 4 micro-batch gradients accumulate and `scale_grads=True` divides them by
 #    4, so dividing the loss too divides twice. A plain mean loss with `scale_grads=True`
 #    gives ratio 1. A sum loss gives 0.25 with `scale_grads=True` and 1 with
-#    `scale_grads=False`: divide exactly once. (*§ Pipeline parallelism: split the stack of layers*)
+#    `scale_grads=False`: divide exactly once.
+#    (*§ Pipeline parallelism: split the stack of layers*)
 #
 #    </details>
 
