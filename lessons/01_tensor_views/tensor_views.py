@@ -912,7 +912,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «path»
+# torch 2.13.0 installed in «folder»
 # torch/_tensor.py:«line»  `class Tensor(torch._C.TensorBase)`
 #     The Python class subclasses `torch._C.TensorBase`, the C++ binding that holds the handle to the `TensorImpl`: `stride()`, `t()`, `untyped_storage()`, `_base` and `_cdata` are inherited from it, not defined here. Further down, `__cuda_array_interface__` (CUDA tensors only) turns a non-contiguous tensor's element strides into byte strides (`s * itemsize`, the NumPy rule of section 1); for a contiguous one it reports `None`, as that interface asks.
 # torch/include/c10/core/TensorImpl.h:«line»  `struct C10_API TensorImpl :`

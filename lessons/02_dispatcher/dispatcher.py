@@ -975,7 +975,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «path»
+# torch 2.13.0 installed in «folder»
 # torch/overrides.py:«line»  `def handle_torch_function(`
 #     The layer above the dispatcher: when an argument defines `__torch_function__` or a `TorchFunctionMode` is active, the call is handed to that `__torch_function__` as the Python function you called, before any ATen op runs (this is the version for functions written in Python; built-ins such as `torch.mm` use the C++ twin its docstring names). `class TorchFunctionMode`, further down, is the mode that sees section 2's spellings (`torch.matmul`, `F.linear`), which `OpLog`, a dispatch mode, never sees.
 # torch/include/ATen/core/dispatch/Dispatcher.h:«line»  `Return Dispatcher::call(`

@@ -1352,7 +1352,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «path»
+# torch 2.13.0 installed in «folder»
 # torch/nn/modules/module.py:«line»  `def __setattr__(`
 #     A `Parameter` goes through `register_parameter` into `_parameters`, a `Module` into `_modules`, a `Buffer` (or a tensor assigned to a name already in `_buffers`) into `_buffers`; anything else, a plain list of layers or a plain tensor, reaches the final `super().__setattr__` and lands in `__dict__`, where `parameters()`, `state_dict()` and `.to()` never look.
 # torch/autograd/grad_mode.py:«line»  `class inference_mode(`

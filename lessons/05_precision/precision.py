@@ -1311,7 +1311,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «path»
+# torch 2.13.0 installed in «folder»
 # torch/include/ATen/autocast_mode.h:«line»  `#define AT_FORALL_FP32(_)`
 #     The float32 list that CUDA autocast registers: `layer_norm` and `nll_loss` are in it, `softmax` and `log_softmax` are in `AT_FORALL_FP32_SET_OPT_DTYPE` just below, and `cross_entropy_loss` is in neither, so on CUDA it falls through and decomposes. `enum class CastPolicy`, further up, says what each list's rule does: `fp32` casts the inputs up, `fp32_set_opt_dtype` only fills in a `dtype` argument the call left unset (`set_opt_dtype`, just above it, keeps one that is set, as in section 4's `log_softmax` call).
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/autocast_mode.cpp
