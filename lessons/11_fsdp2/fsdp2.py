@@ -788,9 +788,11 @@ read_the_source([
      "Called after each unit's forward (`post_forward`): it returns at once, leaving the "
      "gathered parameters on the module, when `_reshard_after_forward` is False (no "
      "`post_forward_mesh_info`: `False`, or the root under `None`), reshards to the smaller "
-     "group for an int, and otherwise `_to_sharded` swaps the DTensor shards back and frees "
-     "the gathered copy. `post_backward` below returns before any reduce-scatter when "
-     "`reduce_grads` is False, which is what `set_requires_gradient_sync(False)` sets."),
+     "group for an int between 1 and the world size (`_get_post_forward_mesh_info`, in "
+     "`_fsdp_init.py`, has turned `1` into False and the world size into True: section 5), "
+     "and otherwise `_to_sharded` swaps the DTensor shards back and frees the gathered copy. "
+     "`post_backward` below returns before any reduce-scatter when `reduce_grads` is False, "
+     "which is what `set_requires_gradient_sync(False)` sets."),
     ("torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py", "def foreach_reduce(",
      "A unit's unsharded gradients are copied into one flat buffer of `reduce_dtype` (fp32 "
      "under section 6's policy), reduce-scattered in one collective that averages "
@@ -813,7 +815,7 @@ read_the_source([
 # torch/distributed/fsdp/_fully_shard/_fsdp_state.py:«line»  `def _lazy_init(`
 #     Called by `_root_pre_forward` from `_pre_forward`, the forward pre-hook that `init` above registers on the module, so only when the module is called through `__call__` (or a method wrapped by `register_fsdp_forward_method`): the first state to run forward becomes the root and marks the states below it non-root. Under `reshard_after_forward=None` it sets the root's `post_forward_mesh_info = None`: the root unit stays gathered from its forward to its backward.
 # torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py:«line»  `def reshard(self):`
-#     Called after each unit's forward (`post_forward`): it returns at once, leaving the gathered parameters on the module, when `_reshard_after_forward` is False (no `post_forward_mesh_info`: `False`, or the root under `None`), reshards to the smaller group for an int, and otherwise `_to_sharded` swaps the DTensor shards back and frees the gathered copy. `post_backward` below returns before any reduce-scatter when `reduce_grads` is False, which is what `set_requires_gradient_sync(False)` sets.
+#     Called after each unit's forward (`post_forward`): it returns at once, leaving the gathered parameters on the module, when `_reshard_after_forward` is False (no `post_forward_mesh_info`: `False`, or the root under `None`), reshards to the smaller group for an int between 1 and the world size (`_get_post_forward_mesh_info`, in `_fsdp_init.py`, has turned `1` into False and the world size into True: section 5), and otherwise `_to_sharded` swaps the DTensor shards back and frees the gathered copy. `post_backward` below returns before any reduce-scatter when `reduce_grads` is False, which is what `set_requires_gradient_sync(False)` sets.
 # torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:«line»  `def foreach_reduce(`
 #     A unit's unsharded gradients are copied into one flat buffer of `reduce_dtype` (fp32 under section 6's policy), reduce-scattered in one collective that averages (`ReduceOp.AVG` for fp32, from `_get_gradient_divide_factors`), and each rank keeps its shard's part, cast back to the parameters' dtype. `foreach_all_gather` above is the forward's mirror: one all-gather per unit, of the shards cast to `param_dtype` when the policy sets one.
 # ```
@@ -832,13 +834,14 @@ read_the_source([
 #
 #    At rest a rank holds only shards: every parameter is a DTensor `Shard(dim=0)`, 14,816
 #    of the 29,632 elements on each rank
-#    (*§ `fully_shard`: parameters become DTensor shards*), and AdamW's `exp_avg` is a
-#    `Shard(dim=0)` DTensor too (*§ One AdamW step equals one process*). A unit is gathered
-#    just before it computes: the root unit (embedding and head) stays gathered from the
-#    first forward until the embedding's backward, and each block only while it computes,
-#    once in forward and once more in backward. During block 0's forward the trace shows `f f s f` (root and block 0
-#    gathered, 126,976 parameter bytes); after backward `s s s s`, the 59,264 bytes of the
-#    shards alone (*§ `reshard_after_forward`: memory or a second all-gather*).
+#    (*§ `fully_shard`: parameters become DTensor shards*), and AdamW's state is sharded
+#    too: `head.weight`'s `exp_avg` is a `Shard(dim=0)` DTensor with a [32, 32] local part
+#    (*§ One AdamW step equals one process*). A unit is gathered just before it computes:
+#    the root unit (embedding, final norm and head) stays gathered from the first forward
+#    until the embedding's backward, and each block only while it computes, once in forward
+#    and once more in backward. During block 0's forward the trace shows `f f s f` (root and
+#    block 0 gathered, 126,976 parameter bytes); after backward `s s s s`, the 59,264 bytes
+#    of the shards alone (*§ `reshard_after_forward`: memory or a second all-gather*).
 #
 #    </details>
 #
@@ -848,12 +851,13 @@ read_the_source([
 #    <details><summary>Answer</summary>
 #
 #    No: `True` and `None` both peak at 126,976 bytes, the shards (59,264) plus the gathered
-#    root unit and one block (4,224 + 12,704 elements, 67,712 bytes): the root's forward
-#    wraps the whole forward, so it is gathered while each block runs. What changes is the
-#    time between forward and backward: `True` leaves every unit sharded (59,264 bytes),
-#    `None` keeps the root gathered (76,160), so with `True` the root too must be gathered
-#    again for its backward. `False` keeps every unit gathered, 177,792 bytes, the whole
-#    fp32 model on top of its shards
+#    root unit and one block (4,224 + 12,704 elements, 67,712 bytes; the unit sizes are
+#    printed in *§ Memory per rank: a model from the tensors, then the allocator*): the
+#    root's forward wraps the whole forward, so it is gathered while each block runs. What
+#    changes is the time between forward and backward: `True` leaves every unit sharded
+#    (59,264 bytes), `None` keeps the root gathered (76,160), so with `True` the root too
+#    must be gathered again for its backward. `False` keeps every unit gathered, 177,792
+#    bytes, the whole fp32 model on top of its shards
 #    (*§ `reshard_after_forward`: memory or a second all-gather*).
 #
 #    </details>
