@@ -57,7 +57,7 @@ from torch.utils.flop_counter import FlopCounterMode
 torch.manual_seed(0)
 torch.set_num_threads(1)  # one thread: reproducible runs; the ranks get one each too
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit (lesson 09)
+sys.path.insert(0, str(HERE.parent))  # lessons/: the multi-rank kit (lesson 09), the source map
 sys.path.insert(0, str(HERE))  # this folder: gpt.py
 import gpt  # noqa: E402
 from multirank import launch, section  # noqa: E402
@@ -829,7 +829,8 @@ fig.savefig(HERE / "capstone_stages.png")
 #   tokens to the FLOP and missed attention on the CPU (no formula for its fused op), so
 #   attention's 12·S²·d per layer and sequence is added by formula; MFU is those FLOPs per
 #   measured second over this CPU's peak, and the rest of a step is not arithmetic.
-#
+
+# %% [markdown]
 # ## Where PyTorch ends
 #
 # Everything this course showed is PyTorch's job: what a tensor is, which kernel runs,
@@ -844,7 +845,191 @@ fig.savefig(HERE / "capstone_stages.png")
 # artifacts is the job of tools such as MLflow or Weights & Biases. They call into
 # PyTorch and rely on exactly the guarantees this course checked; knowing where one layer
 # ends is how you know where to look when something goes wrong.
+
+# %% [markdown]
+# ## Read the source
 #
+# Where, in the PyTorch you installed, the capstone's run goes through code the earlier
+# lessons did not open. Open each file in your editor at the line printed (the line numbers
+# are those of your installed torch; they move between releases), or follow the link for
+# C++ the wheel does not ship (at the installed release's tag). The stops follow the run:
+# the loss that counts only the answer, what the compiled step leaves to ATen's kernels,
+# how torchrun restarts the ranks and how DCP hands the data order back to them, and the
+# FLOP counter's formula for attention.
+
+# %%
+from sourcemap import read_the_source  # noqa: E402  (lessons/ is on sys.path: first cell)
+
+read_the_source([
+    ("pytorch:aten/src/ATen/native/LossNLL.cpp", "nll_loss_out_frame",
+     "`F.cross_entropy` with class targets is `log_softmax` then `nll_loss` "
+     "(`cross_entropy_loss_symint`, further down). In this CPU kernel a target equal to "
+     "`ignore_index` (-100, the schema's default) is counted in `num_ignored` and skipped, and "
+     "the mean divides by `batch_size - num_ignored`: the loss is a mean over the six answer "
+     "characters only, which is why the first loss, 2.41, is near ln 11 = 2.398 (sections 1 "
+     "and 2)."),
+    ("torch/_inductor/kernel/mm.py", "def tuned_addmm(",
+     "Inductor's lowering of `addmm`, the biased linear layers: unless `max_autotune` is on, "
+     "its only choice is `aten_addmm`, a call of ATen's own kernel from the generated code, "
+     "which is why the compiled step still calls `aten::addmm` (section 4); `tuned_mm`, above, "
+     "offers `aten_mm` the same way."),
+    ("torch/_inductor/lowering.py", "aten._scaled_dot_product_flash_attention_for_cpu.default",
+     "Inductor writes no code of its own for the CPU's fused attention: this `make_fallback` "
+     "(and the next one, for the backward) registers a lowering that calls the ATen kernel, "
+     "and `decomposition.py` removes the op's decomposition from Inductor's table (an op may "
+     "not have both). So the compiled step still calls "
+     "`aten::_scaled_dot_product_flash_attention_for_cpu` and its backward, while no ATen "
+     "`layer_norm` or `gelu` call is left (section 4)."),
+    ("torch/distributed/elastic/agent/server/api.py", "def _invoke_run(",
+     "torchrun's agent loop: every `monitor_interval` it checks its workers; when one has "
+     "failed and restarts are left, `_restart_workers` (above) stops every local worker (the "
+     "SIGTERM the other rank received) and starts the group again, after a new rendezvous, as "
+     "new processes, and one restart is used up; with none left it stops the workers and "
+     "returns the failure. `local_elastic_agent.py` hands the count to the new ranks as "
+     "`TORCHELASTIC_RESTART_COUNT` (section 6's attempt 1)."),
+    ("torch/distributed/checkpoint/state_dict_loader.py", "def load(",
+     "It goes over the top-level keys: a value with `state_dict` and `load_state_dict` is "
+     "`Stateful` (a `runtime_checkable` protocol in `stateful.py`: no base class needed), so "
+     "its `state_dict()` is the template DCP reads into, handed back through "
+     "`load_state_dict`; any other value is replaced by what was read. In the worker's "
+     "checkpoint the data order (`StepRows`, or exercise B's `Shuffler`) is the Stateful one "
+     "and `step` a plain int: how attempt 1 knew to go on at step 11 (section 6)."),
+    ("torch/utils/flop_counter.py", "def sdpa_flop(",
+     "The decorator above it lists the ops that get an attention formula: CUDA's kernels "
+     "(efficient, flash, cuDNN), not the CPU's `_scaled_dot_product_flash_attention_for_cpu`; "
+     "`__torch_dispatch__`, at the end of the file, decomposes an op without a formula where it "
+     "can, but this op has a kernel of its own and does not decompose, so `_count_flops` adds "
+     "nothing for it, without a word: section 7's count had no attention. `sdpa_flop_count`, "
+     "just above, is the formula the lesson adds by hand: two batched matmuls, 4·S²·d per "
+     "sequence forward, the whole S × S square (its comment: causal masking is not accounted "
+     "for)."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «path»
+# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/LossNLL.cpp
+#     search for `nll_loss_out_frame`: `F.cross_entropy` with class targets is `log_softmax` then `nll_loss` (`cross_entropy_loss_symint`, further down). In this CPU kernel a target equal to `ignore_index` (-100, the schema's default) is counted in `num_ignored` and skipped, and the mean divides by `batch_size - num_ignored`: the loss is a mean over the six answer characters only, which is why the first loss, 2.41, is near ln 11 = 2.398 (sections 1 and 2).
+# torch/_inductor/kernel/mm.py:«line»  `def tuned_addmm(`
+#     Inductor's lowering of `addmm`, the biased linear layers: unless `max_autotune` is on, its only choice is `aten_addmm`, a call of ATen's own kernel from the generated code, which is why the compiled step still calls `aten::addmm` (section 4); `tuned_mm`, above, offers `aten_mm` the same way.
+# torch/_inductor/lowering.py:«line»  `aten._scaled_dot_product_flash_attention_for_cpu.default`
+#     Inductor writes no code of its own for the CPU's fused attention: this `make_fallback` (and the next one, for the backward) registers a lowering that calls the ATen kernel, and `decomposition.py` removes the op's decomposition from Inductor's table (an op may not have both). So the compiled step still calls `aten::_scaled_dot_product_flash_attention_for_cpu` and its backward, while no ATen `layer_norm` or `gelu` call is left (section 4).
+# torch/distributed/elastic/agent/server/api.py:«line»  `def _invoke_run(`
+#     torchrun's agent loop: every `monitor_interval` it checks its workers; when one has failed and restarts are left, `_restart_workers` (above) stops every local worker (the SIGTERM the other rank received) and starts the group again, after a new rendezvous, as new processes, and one restart is used up; with none left it stops the workers and returns the failure. `local_elastic_agent.py` hands the count to the new ranks as `TORCHELASTIC_RESTART_COUNT` (section 6's attempt 1).
+# torch/distributed/checkpoint/state_dict_loader.py:«line»  `def load(`
+#     It goes over the top-level keys: a value with `state_dict` and `load_state_dict` is `Stateful` (a `runtime_checkable` protocol in `stateful.py`: no base class needed), so its `state_dict()` is the template DCP reads into, handed back through `load_state_dict`; any other value is replaced by what was read. In the worker's checkpoint the data order (`StepRows`, or exercise B's `Shuffler`) is the Stateful one and `step` a plain int: how attempt 1 knew to go on at step 11 (section 6).
+# torch/utils/flop_counter.py:«line»  `def sdpa_flop(`
+#     The decorator above it lists the ops that get an attention formula: CUDA's kernels (efficient, flash, cuDNN), not the CPU's `_scaled_dot_product_flash_attention_for_cpu`; `__torch_dispatch__`, at the end of the file, decomposes an op without a formula where it can, but this op has a kernel of its own and does not decompose, so `_count_flops` adds nothing for it, without a word: section 7's count had no attention. `sdpa_flop_count`, just above, is the formula the lesson adds by hand: two batched matmuls, 4·S²·d per sequence forward, the whole S × S square (its comment: causal masking is not accounted for).
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# Answer each question before you open its answer. Every answer points to the section
+# whose printed lines show it, here or in an earlier lesson (`*NN § ...*`).
+#
+# 1. **Place a failure in its layer.** Each symptom below can come from a run like this
+#    one. Name the layer that produced it, from the tensor to the launcher, and the printed
+#    check that tells you (`lessons/TROUBLESHOOTING.md` is the course's guide):
+#    (a) in `gpt.Block.forward` you write attention out as its formula,
+#    `y = (q @ k.transpose(-2, -1) / 8**0.5).softmax(-1) @ v` (B, H, S, D/H), and merge the
+#    heads with `y.transpose(1, 2).view(b, s, d)`: it raises "view size is not compatible
+#    with input tensor's size and stride"; (b) the compiled run's losses differ from
+#    eager's in the 6th decimal;
+#    (c) a training step's FLOP count has nothing for attention; (d) a rank dies with exit
+#    code -9 and the job goes on in new processes; (e) after that restart the run finishes
+#    without an error, but its final parameters differ from an uninterrupted run's.
+#
+#    <details><summary>Answer</summary>
+#
+#    (a) The tensor record: `y` is contiguous in (B, H, S, D/H), its transpose a view with
+#    permuted strides, and no single stride can merge the heads' dimension with the head
+#    size, so `view` refuses, exactly as lesson 01's `view without contiguous() failed` on
+#    the same layout (*01 § The attention layout*). `reshape`, which `gpt.py` uses, copies
+#    where `view` cannot
+#    (*01 § `view` needs compatible strides; `reshape` and `contiguous()` may copy*).
+#    (b) The compiler, and by itself no bug: the compiled step calls no ATen `layer_norm`
+#    or `gelu` any more (Inductor computes them in code of its own, which rounds in another
+#    order), the gap stays below 1e-4 while the losses go from 2.4 to 0.5, and one graph
+#    with no break was compiled (*§ Stage 2: `torch.compile`*).
+#    (c) The measuring tool, not the model: `FlopCounterMode` has no formula for the CPU's
+#    fused attention op (`False`, and `True` for CUDA's flash op), so it counted 0 for it;
+#    what it counted is exactly 6 × weights × tokens
+#    (*§ Stage 5: a profiler trace of one step, and its MFU*). Lesson 06 counted attention's
+#    12·S·S·d when it was written as plain matmuls (*06 § FLOPs: counting what a step does*).
+#    (d) The launcher: torchrun's agent reported the rank failed with exit code -9
+#    (SIGKILL), sent SIGTERM to the other rank and, with a restart left, started both again
+#    as new processes (`TORCHELASTIC_RESTART_COUNT=1`)
+#    (*§ Stage 4: two ranks with FSDP2, checkpoints, a kill and a restart*).
+#    (e) The checkpoint's contents: something that decides the next step was not saved.
+#    This drill saves the sharded weights, AdamW's state, the step and the data order (a
+#    function of the step), and its final parameters are bitwise equal to the uninterrupted
+#    run's. Lesson 12's partial resumes fail silently: weights only retrained step 1's batch
+#    and halved the LR two steps late; all but the RNG state took the right batch and LR
+#    and still another loss (*12 § A checkpoint is the whole training state*).
+#
+#    </details>
+#
+# 2. **Bitwise or a bound?** The lesson compares runs five times: compiled with eager,
+#    bf16 with float32, 2 ranks with one process, the restarted run with an uninterrupted
+#    2-rank run, and the replayed steps 11-17 with their first run. Which comparisons can
+#    demand bitwise equality, which only a bound, and why?
+#
+#    <details><summary>Answer</summary>
+#
+#    Bitwise: the restart. The restarted run's final parameters are bitwise those of the
+#    uninterrupted 2-rank run, and steps 11-17 gave the same losses both times: the same
+#    operations on the same bits, on the same number of ranks, in the same order
+#    (*§ Stage 4: two ranks with FSDP2, checkpoints, a kill and a restart*); lesson 12
+#    restores one process the same way
+#    (*12 § One process: save after one Adam step, restore, take the second step*). A
+#    tolerance there would hide a missing piece of state. A bound everywhere else, each
+#    because the arithmetic changed: the compiled step's own code adds in another order
+#    (below 1e-4, `bitwise equal to eager False`; *§ Stage 2: `torch.compile`*), bf16 keeps
+#    8 significant bits (below 0.05, not equal; *§ Stage 3: bf16 autocast*), and two ranks
+#    average two half-batch gradients, the same numbers summed in another order (below
+#    1e-4). Lesson 11 measured the same for FSDP2 against one process, below 1e-12 in
+#    float64 (*11 § One AdamW step equals one process*).
+#
+#    </details>
+#
+# 3. **Predict.** Under `torch.autocast("cpu", dtype=torch.bfloat16)`, which of these come
+#    out bf16 in one training step: the token embedding's output, the first LayerNorm's
+#    output, the qkv projection, a block's output (the residual stream), the logits, the
+#    loss, the qkv weight's gradient, AdamW's `exp_avg`? Lesson 05 showed a layer norm
+#    returning bf16: why is the first LayerNorm's output float32 here?
+#
+#    <details><summary>Answer</summary>
+#
+#    Only the qkv projection and the logits, both linear layers (the logits are `F.linear`
+#    with the tied embedding); everything else is float32 (*§ Stage 3: bf16 autocast*).
+#    CPU autocast casts a linear layer's inputs down and cross-entropy's up, and has no rule
+#    for `layer_norm` (`AutocastCPU False`): a layer norm computes in its input's dtype, bf16
+#    in lesson 05 because its input was a bf16 linear output
+#    (*05 § Autocast on the CPU: which ops run in bfloat16*). Here the first LayerNorm's
+#    input is the residual stream, which starts as the float32 embedding output and stays
+#    float32.
+#
+#    </details>
+#
+# 4. **Explain.** One step of this GPT is 121,946,112 FLOPs, and at the CPU's peak they would
+#    take less than the step does (the MFU is below 1 on every machine). Where does the rest
+#    of the time go, which of lesson 06's regimes is the step in, and what would move it out?
+#
+#    <details><summary>Answer</summary>
+#
+#    Into calls: the profiled step made 1,412 ATen operator calls on tensors of width 32,
+#    and each has a fixed cost that so little arithmetic does not amortise
+#    (*§ Stage 5: a profiler trace of one step, and its MFU*). That is lesson 06's overhead
+#    regime, the 16² matmul whose time was the call's; the 1024² matmul, with much more
+#    arithmetic per call, was in the compute regime
+#    (*06 § Three regimes: compute, memory, overhead*). More arithmetic per call moves it
+#    out: a wider model, longer sequences, a larger batch; or fewer calls.
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder; `make exercises N=14` checks your answers
