@@ -1014,9 +1014,10 @@ read_the_source([
 #    Take update 2 in the restored run and in the run that never stopped, and compare them
 #    bitwise, with no tolerance: the loss, and for every parameter the parameter itself,
 #    Adam's `exp_avg`, `exp_avg_sq` and `step`. Every one was equal, `step` 2 in both
-#    (*§ One process: save after one Adam step, restore, take the second step*). The
-#    restored run holds the same bits and does the same arithmetic, so anything short of
-#    bitwise equality means some state was not restored. The same held on 2 FSDP2 ranks:
+#    (*§ One process: save after one Adam step, restore, take the second step*). Both runs
+#    do the same arithmetic, so a complete restore gives the same bits; a difference means
+#    some state was not restored, or the arithmetic changed (one backward over 8 rows
+#    instead of two averaged halves was not bitwise equal). The same held on 2 FSDP2 ranks:
 #    the restored step 2's loss and parameters were bitwise equal to the uninterrupted run's
 #    (*§ Two ranks save, one process trains on, two ranks take it back*).
 #
@@ -1045,10 +1046,12 @@ read_the_source([
 #    <details><summary>Answer</summary>
 #
 #    The metadata records the global shape and each rank's chunk: offset [0, 0] and offset
-#    [8, 0], both of size [8, 8]. The single process's step 2 was bitwise equal to the
-#    ranks' when it averaged the two half-batch gradients, `(g0 + g1) / 2`, as FSDP2's
-#    reduce-scatter does; one backward over all 8 rows gives the same gradient in another
-#    order of sums and was not bitwise equal (a gap below 1e-6)
+#    [8, 0], both of size [8, 8]; its storage index names the file and the byte offset of
+#    every item (*§ One process: save after one Adam step, restore, take the second step*).
+#    The single process's step 2 was bitwise equal to the ranks' when it averaged the two
+#    half-batch gradients, `(g0 + g1) / 2`, as FSDP2's reduce-scatter does; one backward
+#    over all 8 rows gives the same gradient in another order of sums and was not bitwise
+#    equal (a gap below 1e-6)
 #    (*§ Two ranks save, one process trains on, two ranks take it back*).
 #
 #    </details>
@@ -1077,7 +1080,7 @@ read_the_source([
 #    `torch.load` with `weights_only=True` refused the global the file asked for
 #    (`UnpicklingError`, `Unsupported global: GLOBAL getattr`) and the marker was not
 #    created; only `weights_only=False` created it. Reading the folder's `.metadata`, the
-#    first thing `dcp.load` does, created its marker, then raised `AttributeError`: the
+#    first file `dcp.load` reads, created its marker, then raised `AttributeError`: the
 #    code ran. Load only checkpoints your own jobs wrote, and hand out weights as
 #    safetensors, a JSON header and raw bytes (*§ `torch.save` is a pickle*).
 #
