@@ -278,8 +278,8 @@ show(run, "hooks")
 # gradients and swap the shards back. The optimizer's DTensor parameters of the root get no
 # gradient at all (0 of 5), and the module is left holding the gathered plain `Parameter`s,
 # whose gradients are each rank's own half-batch gradient, never averaged. (The blocks' own
-# hooks did run: their gradients match one process's.) An optimizer step then changes only the blocks.
-# No error, no warning.
+# hooks did run: their gradients match one process's.) Nothing above raised or warned, and an
+# optimizer skips every parameter whose `.grad` is None: its step would move only the blocks.
 #
 # The documented fixes both go through the hooks: `unshard()` works once the model has been
 # called through `__call__` (the lazy initialisation of the root ran then); its gradients
@@ -725,7 +725,8 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 # - `fully_shard` bottom-up (blocks, then the root) makes one unit per call; parameters at
 #   rest are DTensors `Shard(0)`, each rank holding half of the 29,632 elements; create the
 #   optimizer after sharding. One AdamW step equals one process (float64: to rounding;
-#   float32: only to ~1e-5, because Adam's first step amplifies rounding in small gradients).
+#   float32: only below 1e-3, because Adam's first step amplifies
+#   rounding in small gradients).
 # - The gathering happens in hooks on `__call__`: `model.forward(x)` raises "got mixed
 #   torch.Tensor and DTensor", and `unshard()` + `forward()` on a never-called model silently
 #   loses the root's gradients. Call `model(x)`; use `register_fsdp_forward_method` for other
