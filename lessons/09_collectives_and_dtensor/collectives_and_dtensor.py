@@ -611,10 +611,10 @@ read_the_source([
 #    <details><summary>Answer</summary>
 #
 #    Each rank leads a process session of its own (both ranks printed `leads a process
-#    session of its own: True`), so a signal sent to torchrun's session misses them. Every
-#    process of the launch also carries the launch's mark (`carries COURSE_LAUNCH_ID: True`),
-#    and the kit kills the processes that carry it too: after the hung launch's 2 s timeout,
-#    0 processes of it were still running. (*§ Launching ranks without ever hanging*)
+#    session of its own: True`), so a signal sent to torchrun's session misses them. The
+#    ranks also carry the launch's mark (`carries COURSE_LAUNCH_ID: True`), and the kit
+#    kills every process that carries it as well: after the hung launch's 2 s timeout, 0
+#    processes of it were still running. (*§ Launching ranks without ever hanging*)
 #
 #    </details>
 #
@@ -631,16 +631,18 @@ read_the_source([
 #    </details>
 #
 # 4. **Predict.** `a` (2×4) is distributed `Shard(1)` and `b` (4×3) `Shard(0)` over 2 ranks.
-#    What placement does `a @ b` get, what does computing it send, and is its `full_tensor()`
-#    bitwise equal to one process's `a @ b` for random float32 inputs?
+#    What placement does `a @ b` get, and what does computing it send? Split the same way,
+#    random float32 `a` (4×64) and `b` (64×3): is `full_tensor()` bitwise equal to one
+#    process's `a @ b`?
 #
 #    <details><summary>Answer</summary>
 #
 #    `P(sum)`, and computing it sends nothing: each rank multiplies its two columns of `a` by
 #    its two rows of `b` into a full-sized summand. `full_tensor()` then runs one all-reduce.
-#    With small integers the result equals the single-process product exactly; with random
-#    float32 inputs it is close but not bitwise equal (`equal False, allclose True`): the
-#    products are added in another order. (*§ A sharded matmul comes out Partial*)
+#    With the lesson's small integers the result equals the single-process product exactly.
+#    The random float32 product came out close but not bitwise equal (`equal False,
+#    allclose True`): each rank sums its 32 products, then the two halves are added, another
+#    order of additions than one process's matmul. (*§ A sharded matmul comes out Partial*)
 #
 #    </details>
 #
