@@ -55,6 +55,7 @@ import contextlib
 import logging
 import mmap
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -1304,7 +1305,189 @@ print(f"one step's loss and grads within 1e-6 of the eager model without FSDP: {
 # - On a GPU, this lesson's tests compare compiled and eager, check the caching allocator
 #   against the `clone` floor, and prove that `mode="reduce-overhead"` records and replays a
 #   CUDA graph: `make test-gpu`.
+
+# %% [markdown]
+# ## Read the source
 #
+# Open these in your editor: each path is relative to the folder that holds your installed
+# `torch` (your site-packages), and the line numbers are those of your installation. The
+# stops follow one compiled call: the frame hook and the stance that decides what it does,
+# where a graph breaks, how a failed guard is named, AOTAutograd's staging, Inductor's
+# lowering, and the graph split that DDP gets.
+
+# %%
+sys.path.insert(0, str(HERE.parent))  # lessons/: the course's source map, sourcemap.py
+from sourcemap import read_the_source  # noqa: E402
+
+read_the_source([
+    ("torch/_dynamo/eval_frame.py", "def _callback_from_stance(",
+     "A compiled function is `compile_wrapper`, in `_TorchDynamoContext.__call__` below: around "
+     "each call it installs Dynamo's frame hook with "
+     "`_maybe_set_eval_frame(_callback_from_stance(callback))`, so the stance is read at every "
+     "call, not when `torch.compile` ran. Here `force_eager` turns the callback into None (no "
+     "Dynamo), `eager_on_recompile` into False (run what is cached, compile nothing) and "
+     "`fail_on_recompile` into `fail_callback`, which raises section 4's `Detected recompile ...` "
+     "with the failed guards for a frame that holds tensors. The hook calls it only when no "
+     "cached graph's guards pass, so a first compile raises too."),
+    ("torch/_dynamo/symbolic_convert.py", "def break_graph_if_unsupported(",
+     "The decorator on the bytecode handlers that may break a graph (`CALL`, `COMPARE_OP`, "
+     "`STORE_ATTR`, ...). When tracing the instruction raises `Unsupported`, `wrapper` logs the "
+     "graph break and restarts the analysis; on the second pass `handle_graph_break` compiles "
+     "the graph traced so far (`compile_subgraph`), emits the instruction itself for Python to "
+     "run, then a call to a generated function that resumes tracing after it "
+     "(`create_call_resume_at`): section 3's 3 graphs and 2 breaks. With `fullgraph=True`, "
+     "`should_compile_partial_graph()` is False and the `Unsupported` is raised instead."),
+    ("torch/_dynamo/guards.py", "def get_guard_fail_reason(",
+     "Called for each cached graph when a call passes none of them, by "
+     "`get_and_maybe_log_recompilation_reasons` below (what `TORCH_LOGS=recompiles` prints). "
+     "`get_guard_fail_reason_helper`, above, reruns the graph's guards verbosely, keeps the "
+     "first that failed, the guard's own code (section 1's `scale == 2.0`) or a tensor check's "
+     "message (section 4's `tensor 'x' rank mismatch ...`), and puts the compile id in front "
+     "(`0/0: `). This function appends that line to `guard_failures`, the record section 1 "
+     "reads, unless `skip_logging` is set, as the `fail_on_recompile` stance does."),
+    ("torch/_functorch/aot_autograd.py", "def aot_module_simplified(",
+     "What `aot_eager`, section 5's `aot_autograd(fw_compiler=...)` and Inductor all call with "
+     "Dynamo's graph. With a compiler that can be serialized (Inductor's) it first asks "
+     "AOTAutograd's cache, `AOTAutogradCache.try_load`, whose key section 6 listed. Otherwise "
+     "`create_aot_state` (its docstring outlines the plan) and `aot_stage1_graph_capture` trace "
+     "the ATen graph, joint forward and backward when gradients are needed, functionalized and "
+     "decomposed (section 5: `add_` became `add`; with the core table `silu` became `sigmoid` "
+     "and `mul`), and `aot_stage2_compile` splits it with `partition_fn` and hands forward and "
+     "backward to their compilers, wrapped in one `torch.autograd.Function`."),
+    ("torch/_inductor/compile_fx.py", "def compile_fx(",
+     "Inductor as a backend (`backend=\"inductor\"` calls it; its docstring says it calls into "
+     "AOTAutograd). `_compile_fx_main`, below, wraps `compile_fx_inner` as the forward and "
+     "backward compilers and passes Inductor's own decomposition table "
+     "(`select_decomp_table()`) to the same `aot_autograd` helper section 5 used. The lowering "
+     "is `_InProcessFxCompile.codegen_and_compile`: `GraphLowering(gm, ...)`, "
+     "`graph.run(*example_inputs)` over the ATen graph, then `graph.compile_to_module()`, which "
+     "generates section 6's wrapper and kernel and loads them. It runs only on a cache miss: "
+     "after section 6's reset AOTAutograd's cache answered and nothing was lowered again."),
+    ("torch/_dynamo/backends/distributed.py", "class DDPOptimizer:",
+     "Its docstring, Note [DDPOptimizer], gives the reason for section 9's split: one compiled "
+     "backward makes every gradient ready at once. `compile_fn` walks the forward graph from "
+     "the end, adds the bytes of each parameter a node uses to the current bucket and, once "
+     "that bucket holds `bucket_bytes_cap` bytes (the first from the end: `first_bucket_cap`, "
+     "by default `dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB) and feeds a later node, starts a "
+     "new one. With more than one bucket it splits the graph (`split_module`) and compiles "
+     "each piece with your backend: section 9's four graphs. `CatchErrorsWrapper.__call__` in "
+     "`convert_frame.py` puts it in place while a DDP module's forward runs."),
+])
+
+# %% [markdown]
+# Output:
+# ```text
+# torch 2.13.0 installed in «folder»
+# torch/_dynamo/eval_frame.py:«line»  `def _callback_from_stance(`
+#     A compiled function is `compile_wrapper`, in `_TorchDynamoContext.__call__` below: around each call it installs Dynamo's frame hook with `_maybe_set_eval_frame(_callback_from_stance(callback))`, so the stance is read at every call, not when `torch.compile` ran. Here `force_eager` turns the callback into None (no Dynamo), `eager_on_recompile` into False (run what is cached, compile nothing) and `fail_on_recompile` into `fail_callback`, which raises section 4's `Detected recompile ...` with the failed guards for a frame that holds tensors. The hook calls it only when no cached graph's guards pass, so a first compile raises too.
+# torch/_dynamo/symbolic_convert.py:«line»  `def break_graph_if_unsupported(`
+#     The decorator on the bytecode handlers that may break a graph (`CALL`, `COMPARE_OP`, `STORE_ATTR`, ...). When tracing the instruction raises `Unsupported`, `wrapper` logs the graph break and restarts the analysis; on the second pass `handle_graph_break` compiles the graph traced so far (`compile_subgraph`), emits the instruction itself for Python to run, then a call to a generated function that resumes tracing after it (`create_call_resume_at`): section 3's 3 graphs and 2 breaks. With `fullgraph=True`, `should_compile_partial_graph()` is False and the `Unsupported` is raised instead.
+# torch/_dynamo/guards.py:«line»  `def get_guard_fail_reason(`
+#     Called for each cached graph when a call passes none of them, by `get_and_maybe_log_recompilation_reasons` below (what `TORCH_LOGS=recompiles` prints). `get_guard_fail_reason_helper`, above, reruns the graph's guards verbosely, keeps the first that failed, the guard's own code (section 1's `scale == 2.0`) or a tensor check's message (section 4's `tensor 'x' rank mismatch ...`), and puts the compile id in front (`0/0: `). This function appends that line to `guard_failures`, the record section 1 reads, unless `skip_logging` is set, as the `fail_on_recompile` stance does.
+# torch/_functorch/aot_autograd.py:«line»  `def aot_module_simplified(`
+#     What `aot_eager`, section 5's `aot_autograd(fw_compiler=...)` and Inductor all call with Dynamo's graph. With a compiler that can be serialized (Inductor's) it first asks AOTAutograd's cache, `AOTAutogradCache.try_load`, whose key section 6 listed. Otherwise `create_aot_state` (its docstring outlines the plan) and `aot_stage1_graph_capture` trace the ATen graph, joint forward and backward when gradients are needed, functionalized and decomposed (section 5: `add_` became `add`; with the core table `silu` became `sigmoid` and `mul`), and `aot_stage2_compile` splits it with `partition_fn` and hands forward and backward to their compilers, wrapped in one `torch.autograd.Function`.
+# torch/_inductor/compile_fx.py:«line»  `def compile_fx(`
+#     Inductor as a backend (`backend="inductor"` calls it; its docstring says it calls into AOTAutograd). `_compile_fx_main`, below, wraps `compile_fx_inner` as the forward and backward compilers and passes Inductor's own decomposition table (`select_decomp_table()`) to the same `aot_autograd` helper section 5 used. The lowering is `_InProcessFxCompile.codegen_and_compile`: `GraphLowering(gm, ...)`, `graph.run(*example_inputs)` over the ATen graph, then `graph.compile_to_module()`, which generates section 6's wrapper and kernel and loads them. It runs only on a cache miss: after section 6's reset AOTAutograd's cache answered and nothing was lowered again.
+# torch/_dynamo/backends/distributed.py:«line»  `class DDPOptimizer:`
+#     Its docstring, Note [DDPOptimizer], gives the reason for section 9's split: one compiled backward makes every gradient ready at once. `compile_fn` walks the forward graph from the end, adds the bytes of each parameter a node uses to the current bucket and, once that bucket holds `bucket_bytes_cap` bytes (the first from the end: `first_bucket_cap`, by default `dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB) and feeds a later node, starts a new one. With more than one bucket it splits the graph (`split_module`) and compiles each piece with your backend: section 9's four graphs. `CatchErrorsWrapper.__call__` in `convert_frame.py` puts it in place while a DDP module's forward runs.
+# ```
+
+# %% [markdown]
+# ## Mastery check
+#
+# 1. **Tell them apart.** Three reports about compiled code: (a) one call of a function
+#    became three graphs; (b) a later call captured again although the function had not
+#    changed; (c) the first call spent its time after capture, with no more graphs than
+#    before. Which is a graph break, which a guard failure, which kernel compilation, and
+#    which tool of this lesson names the cause of each?
+#
+#    <details><summary>Answer</summary>
+#
+#    (a) Graph breaks: inside one call Dynamo met what it cannot record and split there.
+#    `torch._dynamo.explain(h)` printed `graphs 3, graph breaks 2`, with a reason and a line
+#    for each break (the `print`: `Failed to trace builtin operator`; `.item()`:
+#    `Unsupported Tensor.item() call ...`), and `fullgraph=True` turned the first break into
+#    `torch._dynamo.exc.Unsupported` (*§ Graph breaks*). (b) A guard failure: a new call
+#    broke a fact the cached graph relied on. With `scale` 2.0 then 3.0, Dynamo's record
+#    named the guard, `['scale == 2.0']`, and graph 1 takes `scale` as an input
+#    (*§ Capture: what the backend receives*); under `fail_on_recompile` such a failure
+#    raises and names its guard, `tensor 'x' rank mismatch. expected 1, actual 2`
+#    (*§ A guard for tests: `fail_on_recompile`*). (c) Kernel compilation: the backend's work
+#    on a graph already captured. `run_and_get_code` returned one generated file with one
+#    fused kernel, `cpp_fused_add_mul_relu_sub_0`, and the same code again after
+#    `torch._dynamo.reset()` (*§ Inductor: the first call, the generated code, its cache*).
+#
+#    </details>
+#
+# 2. **Predict.** A function compiled with `dynamic=False` is called on 1-D inputs of
+#    twelve different lengths. How many graphs, and what happens to the calls past the
+#    limit? With the default `dynamic=None`?
+#
+#    <details><summary>Answer</summary>
+#
+#    8 graphs, the `recompile_limit`: Dynamo logged
+#    `torch._dynamo hit config.recompile_limit (8)` once and captured nothing for the other
+#    four calls, which still returned eager's values (the cell asserts every call against
+#    eager). No error, just no compiled code. With `dynamic=None` there are 2 graphs: the first for length 2,
+#    then one whose inputs start with a symbolic size, `['s77', 'l_x_']`, that served every
+#    later length; `dynamic=True` starts symbolic, 1 graph
+#    (*§ Guards on shapes: one recompile, then a dynamic dimension*).
+#
+#    </details>
+#
+# 3. **Spot the bug.** A test wants to prove that a compiled model never recompiles:
+#    `cm = torch.compile(model)`, then, inside
+#    `with torch.compiler.set_stance("fail_on_recompile"):`, it calls `cm` on batches that all
+#    have one shape. It fails on the first batch with `Detected recompile`. Why, and what is
+#    the fix?
+#
+#    <details><summary>Answer</summary>
+#
+#    The stance refuses every compile, the first one included: the cold call raised that
+#    same message. Warm up outside the block, once per shape you expect, then enter it.
+#    After a warm-up the same shape ran (`[2.0, 2.0, 2.0, 2.0]`) and only a real recompile
+#    raised, naming its guard (`tensor 'x' rank mismatch. expected 1, actual 2`); the stance
+#    was `default` again after the blocks (*§ A guard for tests: `fail_on_recompile`*).
+#
+#    </details>
+#
+# 4. **Spot the bug.** A forward runs under `torch.autocast("cpu", dtype=torch.bfloat16)`
+#    and turns autocast off around one matmul that must stay in fp32; `.backward()` is
+#    called after the autocast block. Compiled, the gradients differ from eager's. Which
+#    stage is responsible, and which setting fixes it?
+#
+#    <details><summary>Answer</summary>
+#
+#    AOTAutograd's compiled backward, not the capture: with `aot_eager` an fp32 model
+#    without autocast gave loss and gradients equal to eager's bit for bit (`equal True`).
+#    The compiled backward runs under one autocast state,
+#    `torch._functorch.config.backward_pass_autocast`, by default `"same_as_forward"`: the
+#    state active when the compiled forward was called, bf16 here. Both gradient gaps were
+#    then non-zero and below 1/32 of the largest gradient (the test asserts both), and with
+#    `"off"` both were `0.0000`
+#    (*§ AOTAutograd: a backward graph, and an autocast assumption*).
+#
+#    </details>
+#
+# 5. **Predict.** Four `Linear(512, 512)` layers, 1,050,624 bytes of parameters each, are
+#    trained under DDP with `bucket_cap_mb=1`, compiled either as `torch.compile(DDP(model))`
+#    or as `model.compile()` then `DDP(model)`. How many graphs does the backend receive,
+#    and does the order matter? Compiled block by block under FSDP2, what do the graphs
+#    receive as weights?
+#
+#    <details><summary>Answer</summary>
+#
+#    Four graphs of one layer each, in both orders, with the default `optimize_ddp=True`:
+#    Dynamo cut the graph where a bucket of 1 MiB fills, and with `optimize_ddp=False` it
+#    was one graph of four layers; the loss and gradients were within 1e-6 of eager DDP's
+#    every time. Under FSDP2 the four compiled blocks gave 2 graphs holding only `linear`,
+#    `relu` and `add`, no collective, and while the weights rest on the module as `DTensor`s
+#    the graphs received `Parameter`s and `Tensor`s: the all-gather runs outside the
+#    compiled region (*§ Compile inside the data-parallel wrapper: DDP and FSDP2*).
+#
+#    </details>
+
+# %% [markdown]
 # ## Exercises
 #
 # Open `exercises.py` in this folder:
