@@ -575,8 +575,10 @@ read_the_source([
      "before the first forward, hence the plan's F1 to F4."),
     ("torch/distributed/pipelining/microbatch.py", "def split_args_kwargs_into_chunks(",
      "How `step(x)` cuts the batch: each tensor argument gets `TensorChunkSpec(DEFAULT_CHUNK_DIM)`, "
-     "dim 0, and `_split_tensor` splits it with `torch.tensor_split`, refusing only a dimension "
-     "smaller than the number of chunks: nothing checks that the micro-batches are equal."),
+     "dim 0, and `_split_tensor` splits it with `torch.tensor_split`. Splitting checks only the "
+     "count: with fewer rows than micro-batches, `_shard_dict_of_args` makes fewer chunks, which "
+     "the schedule's `_check_inputs` then refuses. Nothing checks that the micro-batches are "
+     "equal."),
     ("torch/distributed/pipelining/stage.py", "def _setup_forward_recv_info(",
      "Every stage but the first gets one receive buffer per micro-batch, all made by "
      "`_make_tensor_from_meta` from the same `_stage_meta.inputs`: shapes that "
@@ -596,7 +598,7 @@ read_the_source([
 # torch/distributed/pipelining/schedules.py:«line»  `class Schedule1F1B(`
 #     `_step_microbatches` is the loop that ran: `min(n_microbatches, num_stages - stage_index)` warm-up forwards (2 on stage 0, 1 on the last stage), backward-forward pairs, the remaining backwards, then `perform_reduce_grad(n_microbatches if scale_grads else 1)`. `_get_pipeline_order` only writes the plan: on the last stage it increments `forward_mb` before the first forward, hence the plan's F1 to F4.
 # torch/distributed/pipelining/microbatch.py:«line»  `def split_args_kwargs_into_chunks(`
-#     How `step(x)` cuts the batch: each tensor argument gets `TensorChunkSpec(DEFAULT_CHUNK_DIM)`, dim 0, and `_split_tensor` splits it with `torch.tensor_split`, refusing only a dimension smaller than the number of chunks: nothing checks that the micro-batches are equal.
+#     How `step(x)` cuts the batch: each tensor argument gets `TensorChunkSpec(DEFAULT_CHUNK_DIM)`, dim 0, and `_split_tensor` splits it with `torch.tensor_split`. Splitting checks only the count: with fewer rows than micro-batches, `_shard_dict_of_args` makes fewer chunks, which the schedule's `_check_inputs` then refuses. Nothing checks that the micro-batches are equal.
 # torch/distributed/pipelining/stage.py:«line»  `def _setup_forward_recv_info(`
 #     Every stage but the first gets one receive buffer per micro-batch, all made by `_make_tensor_from_meta` from the same `_stage_meta.inputs`: shapes that `_forward_metadata_inference` (above) derives on stage 0 from the first micro-batch and sends to the next stage. Hence the 3-row output against a 2-row target when 10 samples made 4 micro-batches.
 # ```
@@ -656,7 +658,8 @@ read_the_source([
 #    GPipe: F0 F1 F2 F3 B0 B1 B2 B3, 4 micro-batches in flight. 1F1B: F0 F1 B0 F2 B1 F3 B2
 #    B3, 2 in flight (1 on the last stage). Both give the full-batch gradients to rounding.
 #    Neither idles less: simulated from these orders, both steps take 15 units with a bubble
-#    of 0.200, (p−1)/(m+p−1) for p=2, m=4. 1F1B saves activation memory, not time.
+#    of 0.200, (p−1)/(m+p−1) for p=2, m=4. What 1F1B cuts is the number of micro-batches
+#    whose activations a stage holds at once, not the simulated step.
 #    (*§ Pipeline parallelism: split the stack of layers*,
 #    *§ The bubble: GPipe vs 1F1B on a timeline*)
 #
