@@ -15,8 +15,9 @@
 #   True = ignore), `is_causal`'s upper-left alignment and what a decode step needs;
 # - that `dropout_p` ignores `model.eval()`; grouped-query attention with `enable_gqa`, and
 #   which backend copies K and V for it;
-# - which SDPA backends this build has and which one the CPU runs, and a dtype where the
-#   fused default is the slower one; what all-masked rows do;
+# - which SDPA backends this build has and which one the CPU runs, and, on x86 CPUs
+#   without fast fp16 matrix instructions, a dtype where the fused default is the slower
+#   one; what all-masked rows do;
 # - FlexAttention: mask functions, block masks and their sparsity, a score function
 #   (ALiBi), one compiled kernel checked against SDPA.
 #
@@ -196,10 +197,10 @@ for name, a, b in zip(["out", "dQ", "dK", "dV"], (out_sdpa, *grads_sdpa), (out_r
 # ```
 #
 # All four agree within float64 tolerance (`assert_close` would have raised otherwise). The
-# last digits depend on the order in which this CPU's matmul sums, so the errors are shown
-# as placeholders; they are rounding-level (the test asserts below 1e-12). The math
-# backend is the reference that every fused kernel is tested against; keep it in mind when
-# a fused result looks odd.
+# last digits can change with the order in which a CPU's matmul sums (its vector width, its
+# BLAS), so the errors are shown as placeholders; they are rounding-level (the test asserts
+# below 1e-12). The math backend is the reference that every fused kernel is tested
+# against; keep it in mind when a fused result looks odd.
 #
 # **Predict.** For backward, autograd keeps tensors from the forward. Does the CPU flash
 # kernel keep the (S, S) probabilities, as the math backend must?
@@ -562,8 +563,8 @@ print(f"{'default':<19} -> {sdpa_op(x, x, x)}")
 
 # %%
 keep = torch.ones(4, 4, dtype=torch.bool).tril()  # (L, S)
-for dtype in (torch.float32, torch.float64, torch.bfloat16):
-    t = torch.randn(1, 2, 4, 8, dtype=dtype)  # (B, H, S, D): tiny, bf16 matmuls are slow here
+for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+    t = torch.randn(1, 2, 4, 8, dtype=dtype)  # (B, H, S, D): tiny, bf16/fp16 matmuls can be slow
     print(f"{str(dtype):<14} no mask -> {sdpa_op(t, t, t)}, bool mask -> {sdpa_op(t, t, t, attn_mask=keep)}")
 
 # %% [markdown]
@@ -572,9 +573,10 @@ for dtype in (torch.float32, torch.float64, torch.bfloat16):
 # torch.float32  no mask -> aten::_scaled_dot_product_flash_attention_for_cpu, bool mask -> aten::_scaled_dot_product_flash_attention_for_cpu
 # torch.float64  no mask -> aten::_scaled_dot_product_flash_attention_for_cpu, bool mask -> aten::_scaled_dot_product_flash_attention_for_cpu
 # torch.bfloat16 no mask -> aten::_scaled_dot_product_flash_attention_for_cpu, bool mask -> aten::_scaled_dot_product_flash_attention_for_cpu
+# torch.float16  no mask -> aten::_scaled_dot_product_flash_attention_for_cpu, bool mask -> aten::_scaled_dot_product_flash_attention_for_cpu
 # ```
 #
-# The CPU flash kernel takes fp32, fp64 and bf16, with or without a mask. The
+# The CPU flash kernel takes fp32, fp64, bf16 and fp16, with or without a mask. The
 # "half precision only, no arbitrary mask" rules you will read about are limits of the CUDA
 # flash kernel; backend eligibility is per device, per build, per version. Check it with
 # the profiler rather than trusting a list (the CUDA test of this lesson does that on a GPU).
@@ -624,9 +626,9 @@ print(f"MATH closer to float64: {gap_math < gap_bf16}")
 # at least 1.2 times smaller). The price: fp32 copies of Q, K and V and fp32 scores, twice
 # the bytes of bf16 ones. `TorchDispatchMode` (lesson 02) sees each ATen op with its result.
 #
-# **Predict.** The flash kernel is the CPU's default because it is usually faster than the
-# math backend. Is it faster in every dtype? Time both on one shape, (1, 2, 128, 64), in
-# fp32, bf16 and fp16.
+# **Predict.** The flash kernel is the CPU's default in every dtype above. Is it also the
+# faster of the two in every dtype? Time both on one shape, (1, 2, 128, 64), in fp32, bf16
+# and fp16.
 
 
 # %%
@@ -675,17 +677,50 @@ print(f"oneDNN has an fp16 matrix path for this CPU: {FP16_MATMUL}")
 # False on an x86 CPU, fp16 reverses the order: the math backend is faster, at the very
 # shape where flash wins in fp32. The test asserts it there, with margins that hold on a
 # loaded machine (fp16's ratio below 0.85; fp32's above 1 and at least 1.5 times fp16's).
-# Yet the default picks the flash kernel for fp16 too (the test checks that as well).
+# Yet the default picks the flash kernel for fp16 too (the dtype cell above). (The bf16
+# row is shown for comparison, not asserted.)
+#
+# **Predict.** Why would fp16 be slow in the flash kernel and not in the math backend?
+# Read the math backend's op log in fp16, and time one fp16 matrix product against the
+# same product in fp32.
+
+
+# %%
+def matmul_slowdown(reps=41):
+    """Median time of a (128, 64) @ (64, 128) matmul in fp16 / the same in fp32, alternating."""
+    a16 = torch.randn(128, 64, dtype=torch.float16, generator=torch.Generator().manual_seed(2))  # (S, D)
+    a32 = a16.float()
+    t16, t32 = [], []
+    for _ in range(reps):
+        t16.append(seconds(lambda: a16 @ a16.T))
+        t32.append(seconds(lambda: a32 @ a32.T))
+    return statistics.median(t16) / statistics.median(t32)
+
+
+t16 = torch.randn(1, 2, 128, 64, dtype=torch.float16, generator=torch.Generator().manual_seed(3))  # (B, H, S, D)
+with sdpa_kernel(SDPBackend.MATH), DtypeLog() as log16:
+    F.scaled_dot_product_attention(t16, t16, t16)
+steps16 = [f"{n}->{str(d).removeprefix('torch.')}" for n, d in log16.ops if n in ("_to_copy", "bmm")]
+print(f"MATH on fp16: {steps16}")
+mm_slowdown = matmul_slowdown()
+print(f"fp16 matmul time / fp32 matmul time {mm_slowdown:.1f}")
+
+# %% [markdown]
+# Output:
+# ```text
+# MATH on fp16: ['_to_copy->float32', '_to_copy->float32', '_to_copy->float32', 'bmm->float32', '_to_copy->float16', 'bmm->float32', '_to_copy->float16']
+# fp16 matmul time / fp32 matmul time «ratio»
+# ```
 #
 # The two code paths explain it. The math backend casts fp16 to fp32 first, as it does
-# bf16 above (the test checks its op log), and multiplies with the fp32 BLAS. The flash
-# kernel multiplies its fp16 tiles as they are (accumulating in fp32), and without fp16
-# matrix instructions PyTorch's CPU matrix product for fp16 has no fast path (the test
-# times a plain fp16 matmul at least 3 times slower than fp32's there). A fused kernel
-# saves memory traffic; it cannot make up for slow arithmetic. (The bf16 row is shown for
-# comparison, not asserted.) So "fused is faster" is a rule of thumb, not a law: on your
-# machine, with your shapes and dtype, time the `sdpa_kernel` choices as this cell does
-# (alternating the two, taking medians) before trusting the default.
+# bf16 above (three `_to_copy` to float32), and both its products run in fp32, with the
+# fp32 BLAS. The flash kernel multiplies its fp16 tiles as they are (accumulating in fp32),
+# and without fp16 matrix instructions PyTorch's CPU matrix product for fp16 has no fast
+# path: the last line is a plain fp16 matmul's time over fp32's (the test asserts at least
+# 3 on x86 CPUs where the check above printed False). A fused kernel saves memory traffic;
+# it cannot make up for slow arithmetic. So "fused is faster" is a rule of thumb, not a
+# law: on your machine, with your shapes and dtype, time the `sdpa_kernel` choices as the
+# timing cell does (alternating the two, taking medians) before trusting the default.
 #
 # **Predict.** Older code restricts backends with `torch.backends.cuda.sdp_kernel(...)`.
 # Does it still work in 2.13.0?
@@ -1000,15 +1035,15 @@ n_graphs = graph_count() - graphs_before
 # - Attention = softmax(QKᵀ/√d + M)·V: B·H·S·S scores (134,217,728 for two heads at
 #   S = 8192, 512 MiB in fp32). Fused kernels tile K and V with an online softmax, so they
 #   never store the scores; backward recomputes them.
-# - `sdpa_kernel(SDPBackend.MATH)` gives the reference; it equals the formula, forward and
-#   gradients, in float64.
+# - `sdpa_kernel(SDPBackend.MATH)` gives the reference; it matches the formula, forward and
+#   gradients, within rounding in float64: check it with a bound, not `torch.equal`.
 # - SDPA's boolean mask: True = keep. `key_padding_mask`: True = ignore. Float masks add.
 # - `is_causal=True` aligns to the upper left; a decode step needs `is_causal=False` (one
 #   query) or a bottom-right mask (`causal_lower_right`).
 # - `dropout_p` is applied whatever `eval()` says: pass `0.0` at inference.
 # - `enable_gqa=True` equals `repeat_interleave` of the K/V heads; the CPU flash kernel does
 #   it without copies, the math backend copies K and V to the query head count.
-# - On this CPU build: MATH and a CPU flash kernel (the default; fp32/fp64/bf16, masks
+# - On this CPU build: MATH and a CPU flash kernel (the default; fp32/fp64/bf16/fp16, masks
 #   allowed); EFFICIENT/CUDNN fail with "No viable backend". All-masked rows give 0 in
 #   SDPA 2.13.0 and NaN in the formula: avoid them.
 # - Fused is not always faster: on an x86 CPU without oneDNN's fp16 matrix path, fp16
@@ -1052,9 +1087,10 @@ read_the_source([
     ("torchgen/packaged/autograd/derivatives.yaml",
      "name: _scaled_dot_product_flash_attention_for_cpu(",
      "The CPU flash kernel's autograd entry: of `(output, logsumexp)` only the output is "
-     "differentiable, and the backward op gets `query, key, value, output, logsumexp`, the "
-     "tensors section 2 found saved, nothing of size S x S. The math backend has no entry: it is "
-     "composite, so autograd records the ops it runs, probabilities included."),
+     "differentiable, and the backward op gets `query, key, value, output, logsumexp` and "
+     "`attn_mask` (None in section 2): the tensors section 2 found saved, none of size S x S. "
+     "The math backend has no entry: it is composite, so autograd records the ops it runs, "
+     "probabilities included."),
     ("pytorch:aten/src/ATen/native/cpu/FlashAttentionKernel.cpp", "void cpu_flash_attention(",
      "The online softmax of section 1: for each block of queries, a loop over blocks of keys "
      "keeps `qk_max` and `qk_sum` per row and rescales the partial output `dst` by "
@@ -1064,9 +1100,9 @@ read_the_source([
     ("torch/nn/attention/__init__.py", "def sdpa_kernel(",
      "`_sdpa_kernel`, just above, switches one flag per backend "
      "(`torch._C._set_sdp_use_flash`, `..._math`, ...) on or off by whether it is in your "
-     "list, and the `finally` restores the previous flags: it narrows the candidates, it cannot "
-     "make a kernel accept inputs it refuses. With no candidate left, section 7's "
-     "\"No viable backend\" follows."),
+     "list, and the `finally` restores the previous flags: it only sets which backends are "
+     "candidates, it cannot make a kernel accept inputs it refuses. With no candidate left, "
+     "section 7's \"No viable backend\" follows."),
     ("torch/nn/attention/flex_attention.py", "def create_block_mask(",
      "It evaluates your `mask_mod` into a dense mask with `create_mask`, then "
      "`_convert_mask_to_block_mask` (above) sums each 128 x 128 block: all kept is a full "
@@ -1084,11 +1120,11 @@ read_the_source([
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/transformers/attention.cpp
 #     search for `std::tuple<Tensor, Tensor> _scaled_dot_product_attention_math(`: The math backend: fp16 and bf16 inputs go `.to(at::kFloat)` first (section 7's three `_to_copy`), `pre_process_group_query_attention_input` copies K and V with `repeat_interleave` (section 6, and its cut-short head-count message), and `at::_safe_softmax` writes 0 for fully masked rows. It multiplies Q and K each by the square root of the scale before their product, where `formula` divides the product: the same in exact arithmetic, a different rounding, hence section 2's bound.
 # torchgen/packaged/autograd/derivatives.yaml:«line»  `name: _scaled_dot_product_flash_attention_for_cpu(`
-#     The CPU flash kernel's autograd entry: of `(output, logsumexp)` only the output is differentiable, and the backward op gets `query, key, value, output, logsumexp`, the tensors section 2 found saved, nothing of size S x S. The math backend has no entry: it is composite, so autograd records the ops it runs, probabilities included.
+#     The CPU flash kernel's autograd entry: of `(output, logsumexp)` only the output is differentiable, and the backward op gets `query, key, value, output, logsumexp` and `attn_mask` (None in section 2): the tensors section 2 found saved, none of size S x S. The math backend has no entry: it is composite, so autograd records the ops it runs, probabilities included.
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/cpu/FlashAttentionKernel.cpp
 #     search for `void cpu_flash_attention(`: The online softmax of section 1: for each block of queries, a loop over blocks of keys keeps `qk_max` and `qk_sum` per row and rescales the partial output `dst` by `exp(old max - new max)`. After the loop a row whose sum is 0 (every key masked) is divided by 1, so it outputs 0 (section 7), and `max + log(sum)` is stored as the `logsumexp` that backward uses (section 2).
 # torch/nn/attention/__init__.py:«line»  `def sdpa_kernel(`
-#     `_sdpa_kernel`, just above, switches one flag per backend (`torch._C._set_sdp_use_flash`, `..._math`, ...) on or off by whether it is in your list, and the `finally` restores the previous flags: it narrows the candidates, it cannot make a kernel accept inputs it refuses. With no candidate left, section 7's "No viable backend" follows.
+#     `_sdpa_kernel`, just above, switches one flag per backend (`torch._C._set_sdp_use_flash`, `..._math`, ...) on or off by whether it is in your list, and the `finally` restores the previous flags: it only sets which backends are candidates, it cannot make a kernel accept inputs it refuses. With no candidate left, section 7's "No viable backend" follows.
 # torch/nn/attention/flex_attention.py:«line»  `def create_block_mask(`
 #     It evaluates your `mask_mod` into a dense mask with `create_mask`, then `_convert_mask_to_block_mask` (above) sums each 128 x 128 block: all kept is a full block, none kept is skipped, anything between is a partial block, masked inside. `BlockMask.sparsity` is the skipped share (section 8), and `_validate_device`, below, raises section 8's error for CPU inputs that require grad.
 # ```
@@ -1105,8 +1141,8 @@ read_the_source([
 #    A bound. All four agree within `torch.testing.assert_close`'s float64 tolerances
 #    (rtol and atol 1e-7: the cell would have raised otherwise), and each largest gap is
 #    rounding-level: the test asserts it below 1e-12. The gaps are printed as placeholders
-#    because their last digits depend on the order in which this CPU's matmul sums, so only
-#    a bound holds on every student's machine (*§ SDPA is the formula*).
+#    because their last digits can change with the order in which a CPU's matmul sums, so
+#    only a bound holds on every student's machine (*§ SDPA is the formula*).
 #
 #    </details>
 #
@@ -1163,8 +1199,8 @@ read_the_source([
 #    37.5 %: 10 of the 16 blocks hold a kept cell and are computed (the printed grid), 6
 #    are skipped, while 50.1 % of the cells are kept. A block is skipped only when every
 #    cell in it is masked; the blocks on the diagonal are half masked and still computed.
-#    Block sparsity, not the share of masked cells, is what saves work: the document mask
-#    keeps 33.9 % of the cells and also skips 37.5 % of the blocks
+#    Block sparsity counts the blocks left out of the computation, not masked cells: the
+#    document mask keeps 33.9 % of the cells and also skips 37.5 % of the blocks
 #    (*§ FlexAttention: masks as functions, sparsity as blocks*).
 #
 #    </details>

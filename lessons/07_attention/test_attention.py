@@ -8,7 +8,6 @@ read its results from `lesson.ns` and never compile flex again on the CPU.
 
 import math
 import platform
-import statistics
 import sys
 import types
 import warnings
@@ -570,15 +569,10 @@ def test_fused_not_always_faster(lesson):
         F.scaled_dot_product_attention(t16, t16, t16)
     assert [d for n, d in log.ops if n == "_to_copy"][:3] == [torch.float32] * 3
     assert all(d == torch.float32 for n, d in log.ops if n in ("bmm", "_safe_softmax"))
+    assert log.ops == ns["log16"].ops  # the lesson's printed fp16 op log is this one
+    assert 0 < ns["mm_slowdown"] < 1000, ns["mm_slowdown"]
     if platform.machine().lower() not in ("x86_64", "amd64") or ns["FP16_MATMUL"]:
         pytest.skip("the timing claims are made for x86 CPUs without oneDNN's fp16 matrix path")
     assert speed[torch.float16] < 0.85, speed
     assert speed[torch.float32] > 1.0 and speed[torch.float32] > 1.5 * speed[torch.float16], speed
-    a16 = torch.randn(128, 64, dtype=torch.float16)  # (S, D)
-    a32 = a16.float()
-    times = {torch.float16: [], torch.float32: []}
-    for _ in range(41):  # alternating, as the lesson times the backends
-        times[torch.float16].append(ns["seconds"](lambda: a16 @ a16.T))
-        times[torch.float32].append(ns["seconds"](lambda: a32 @ a32.T))
-    slowdown = statistics.median(times[torch.float16]) / statistics.median(times[torch.float32])
-    assert slowdown > 3, slowdown
+    assert ns["mm_slowdown"] > 3, ns["mm_slowdown"]  # the lesson's printed fp16/fp32 matmul ratio
