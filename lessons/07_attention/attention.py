@@ -199,8 +199,8 @@ for name, a, b in zip(["out", "dQ", "dK", "dV"], (out_sdpa, *grads_sdpa), (out_r
 # All four agree within float64 tolerance (`assert_close` would have raised otherwise). The
 # last digits can change with the order in which a CPU's matmul sums (its vector width, its
 # BLAS), so the errors are shown as placeholders; they are rounding-level (the test asserts
-# below 1e-12). The math backend is the reference that every fused kernel is tested
-# against; keep it in mind when a fused result looks odd.
+# below 1e-12). The math backend is the formula written in plain ATen ops, so it makes a
+# good reference of your own: when a fused result looks odd, rerun it under `MATH`.
 #
 # **Predict.** For backward, autograd keeps tensors from the forward. Does the CPU flash
 # kernel keep the (S, S) probabilities, as the math backend must?
