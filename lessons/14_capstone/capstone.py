@@ -335,7 +335,7 @@ print(f"ATen layer_norm or gelu calls in the compiled step: {fused}")
 # a compiler bug would show as a gap of the order of the loss itself.
 #
 # The speed ratio is this machine's. On this model, 64 × 12 tokens of width 32, a step is
-# mostly the fixed cost of about 1,400 small ATen calls (stage 5 counts them); compiling
+# about 1,400 small ATen calls (stage 5 counts them); compiling
 # replaces the model's element-wise and normalisation calls with fused loops (AdamW still
 # runs eagerly, op by op), which may or may not be faster on a given CPU.
 # The first step paid for the compile: with a cold Inductor cache it writes and compiles
@@ -705,9 +705,12 @@ print(f"at the peak, these FLOPs would take {model_flops / peak * 1e3:.2f} ms")
 # ```
 #
 # Compare the last two lines: the step takes longer than its FLOPs need at the peak, and
-# MFU is that ratio. The rest of the time is not arithmetic: the step makes about 1,400
-# ATen calls (counted above) on tensors of width 32, and each has a fixed cost (Python,
-# dispatch, allocation) that a matmul of 768 × 32 by 32 × 96 does not amortise. A wider
+# MFU is that ratio. MFU does not say where the rest goes. The matmuls and attention may
+# run below the peak at these small shapes; the ops the count leaves out (layer norms, GELU, the loss,
+# AdamW's update) take time of their own; and each of the about 1,400 ATen calls (counted
+# above) has a fixed cost (Python, dispatch, allocation) that small tensors of width 32 do
+# little to amortise. Which of these weighs most depends on the CPU: the trace above, or the
+# profiler's table sorted by self time (lesson 06), shows it on yours. A wider
 # model, longer sequences or a larger batch put more arithmetic behind each call; this
 # lesson's GPU test (`test_capstone.py`, marked `cuda`) trains the same `gpt.GPT` at width
 # 512 with 8 layers, compiled, in bf16 with flash attention, and records its tokens per
@@ -828,7 +831,7 @@ fig.savefig(HERE / "capstone_stages.png")
 # - The profiler's trace and `FlopCounterMode`: the counter gave 6 × matmul weights ×
 #   tokens to the FLOP and missed attention on the CPU (no formula for its fused op), so
 #   attention's 12·S²·d per layer and sequence is added by formula; MFU is those FLOPs per
-#   measured second over this CPU's peak, and the rest of a step is not arithmetic.
+#   measured second over this CPU's peak, and it does not say where the rest of a step goes.
 
 # %% [markdown]
 # ## Where PyTorch ends
@@ -849,10 +852,10 @@ fig.savefig(HERE / "capstone_stages.png")
 # %% [markdown]
 # ## Read the source
 #
-# Where, in the PyTorch you installed, the capstone's run goes through code the earlier
-# lessons did not open. Open each file in your editor at the line printed (the line numbers
-# are those of your installed torch; they move between releases), or follow the link for
-# C++ the wheel does not ship (at the installed release's tag). The stops follow the run:
+# Where, in the PyTorch you installed, the code behind the capstone's results is. Open each
+# file in your editor at the line printed (the line numbers are those of your installed
+# torch; they move between releases), or follow the link for C++ the wheel does not ship
+# (at the installed release's tag). The stops follow the run:
 # the loss that counts only the answer, what the compiled step leaves to ATen's kernels,
 # how torchrun restarts the ranks and how DCP hands the data order back to them, and the
 # FLOP counter's formula for attention.
@@ -866,8 +869,8 @@ read_the_source([
      "(`cross_entropy_loss_symint`, further down). In this CPU kernel a target equal to "
      "`ignore_index` (-100, the schema's default) is counted in `num_ignored` and skipped, and "
      "the mean divides by `batch_size - num_ignored`: the loss is a mean over the six answer "
-     "characters only, which is why the first loss, 2.41, is near ln 11 = 2.398 (sections 1 "
-     "and 2)."),
+     "characters only. With near-zero logits each of them costs about ln 11 = 2.398, and the "
+     "first loss is 2.41 (sections 1 and 2)."),
     ("torch/_inductor/kernel/mm.py", "def tuned_addmm(",
      "Inductor's lowering of `addmm`, the biased linear layers: unless `max_autotune` is on, "
      "its only choice is `aten_addmm`, a call of ATen's own kernel from the generated code, "
@@ -881,12 +884,15 @@ read_the_source([
      "`aten::_scaled_dot_product_flash_attention_for_cpu` and its backward, while no ATen "
      "`layer_norm` or `gelu` call is left (section 4)."),
     ("torch/distributed/elastic/agent/server/api.py", "def _invoke_run(",
-     "torchrun's agent loop: every `monitor_interval` it checks its workers; when one has "
-     "failed and restarts are left, `_restart_workers` (above) stops every local worker (the "
-     "SIGTERM the other rank received) and starts the group again, after a new rendezvous, as "
-     "new processes, and one restart is used up; with none left it stops the workers and "
-     "returns the failure. `local_elastic_agent.py` hands the count to the new ranks as "
-     "`TORCHELASTIC_RESTART_COUNT` (section 6's attempt 1)."),
+     "torchrun's agent loop: every `monitor_interval` it checks its workers "
+     "(`_monitor_workers`, in `local_elastic_agent.py`), and the check itself stops the rest: "
+     "the process context it polls (`_poll` in `elastic/multiprocessing/api.py`) sends SIGTERM "
+     "to every worker still running as soon as one has failed, the SIGTERM the other rank "
+     "received. With restarts left, `_restart_workers` (above) stops what remains, runs a new "
+     "rendezvous and starts the group again as new processes, and one restart is used up; "
+     "with none left it stops the workers and returns the failure. `local_elastic_agent.py` "
+     "hands the count to the new ranks as `TORCHELASTIC_RESTART_COUNT` (section 6's attempt "
+     "1)."),
     ("torch/distributed/checkpoint/state_dict_loader.py", "def load(",
      "It goes over the top-level keys: a value with `state_dict` and `load_state_dict` is "
      "`Stateful` (a `runtime_checkable` protocol in `stateful.py`: no base class needed), so "
@@ -895,14 +901,15 @@ read_the_source([
      "checkpoint the data order (`StepRows`, or exercise B's `Shuffler`) is the Stateful one "
      "and `step` a plain int: how attempt 1 knew to go on at step 11 (section 6)."),
     ("torch/utils/flop_counter.py", "def sdpa_flop(",
-     "The decorator above it lists the ops that get an attention formula: CUDA's kernels "
-     "(efficient, flash, cuDNN), not the CPU's `_scaled_dot_product_flash_attention_for_cpu`; "
-     "`__torch_dispatch__`, at the end of the file, decomposes an op without a formula where it "
-     "can, but this op has a kernel of its own and does not decompose, so `_count_flops` adds "
-     "nothing for it, without a word: section 7's count had no attention. `sdpa_flop_count`, "
-     "just above, is the formula the lesson adds by hand: two batched matmuls, 4·S²·d per "
-     "sequence forward, the whole S × S square (its comment: causal masking is not accounted "
-     "for)."),
+     "The decorator above it gives the formula to CUDA's fused SDPA ops (efficient, flash, "
+     "cuDNN); none of the file's attention formulas is for the CPU's "
+     "`_scaled_dot_product_flash_attention_for_cpu`. `__torch_dispatch__`, at the end of the "
+     "file, decomposes an op without a formula when it has a `CompositeImplicitAutograd` "
+     "kernel; the CPU's fused op has none (a CPU kernel only), so it runs as it is and "
+     "`_count_flops` adds nothing for it, without a word: section 7's count had no attention. "
+     "`sdpa_flop_count`, just above, is the formula the lesson adds by hand: two batched "
+     "matmuls, 4·S²·d per sequence forward, the whole S × S square (`sdpa_flop`'s comment: "
+     "causal attention is not accounted for)."),
 ])
 
 # %% [markdown]
@@ -910,17 +917,17 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «path»
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/LossNLL.cpp
-#     search for `nll_loss_out_frame`: `F.cross_entropy` with class targets is `log_softmax` then `nll_loss` (`cross_entropy_loss_symint`, further down). In this CPU kernel a target equal to `ignore_index` (-100, the schema's default) is counted in `num_ignored` and skipped, and the mean divides by `batch_size - num_ignored`: the loss is a mean over the six answer characters only, which is why the first loss, 2.41, is near ln 11 = 2.398 (sections 1 and 2).
+#     search for `nll_loss_out_frame`: `F.cross_entropy` with class targets is `log_softmax` then `nll_loss` (`cross_entropy_loss_symint`, further down). In this CPU kernel a target equal to `ignore_index` (-100, the schema's default) is counted in `num_ignored` and skipped, and the mean divides by `batch_size - num_ignored`: the loss is a mean over the six answer characters only. With near-zero logits each of them costs about ln 11 = 2.398, and the first loss is 2.41 (sections 1 and 2).
 # torch/_inductor/kernel/mm.py:«line»  `def tuned_addmm(`
 #     Inductor's lowering of `addmm`, the biased linear layers: unless `max_autotune` is on, its only choice is `aten_addmm`, a call of ATen's own kernel from the generated code, which is why the compiled step still calls `aten::addmm` (section 4); `tuned_mm`, above, offers `aten_mm` the same way.
 # torch/_inductor/lowering.py:«line»  `aten._scaled_dot_product_flash_attention_for_cpu.default`
 #     Inductor writes no code of its own for the CPU's fused attention: this `make_fallback` (and the next one, for the backward) registers a lowering that calls the ATen kernel, and `decomposition.py` removes the op's decomposition from Inductor's table (an op may not have both). So the compiled step still calls `aten::_scaled_dot_product_flash_attention_for_cpu` and its backward, while no ATen `layer_norm` or `gelu` call is left (section 4).
 # torch/distributed/elastic/agent/server/api.py:«line»  `def _invoke_run(`
-#     torchrun's agent loop: every `monitor_interval` it checks its workers; when one has failed and restarts are left, `_restart_workers` (above) stops every local worker (the SIGTERM the other rank received) and starts the group again, after a new rendezvous, as new processes, and one restart is used up; with none left it stops the workers and returns the failure. `local_elastic_agent.py` hands the count to the new ranks as `TORCHELASTIC_RESTART_COUNT` (section 6's attempt 1).
+#     torchrun's agent loop: every `monitor_interval` it checks its workers (`_monitor_workers`, in `local_elastic_agent.py`), and the check itself stops the rest: the process context it polls (`_poll` in `elastic/multiprocessing/api.py`) sends SIGTERM to every worker still running as soon as one has failed, the SIGTERM the other rank received. With restarts left, `_restart_workers` (above) stops what remains, runs a new rendezvous and starts the group again as new processes, and one restart is used up; with none left it stops the workers and returns the failure. `local_elastic_agent.py` hands the count to the new ranks as `TORCHELASTIC_RESTART_COUNT` (section 6's attempt 1).
 # torch/distributed/checkpoint/state_dict_loader.py:«line»  `def load(`
 #     It goes over the top-level keys: a value with `state_dict` and `load_state_dict` is `Stateful` (a `runtime_checkable` protocol in `stateful.py`: no base class needed), so its `state_dict()` is the template DCP reads into, handed back through `load_state_dict`; any other value is replaced by what was read. In the worker's checkpoint the data order (`StepRows`, or exercise B's `Shuffler`) is the Stateful one and `step` a plain int: how attempt 1 knew to go on at step 11 (section 6).
 # torch/utils/flop_counter.py:«line»  `def sdpa_flop(`
-#     The decorator above it lists the ops that get an attention formula: CUDA's kernels (efficient, flash, cuDNN), not the CPU's `_scaled_dot_product_flash_attention_for_cpu`; `__torch_dispatch__`, at the end of the file, decomposes an op without a formula where it can, but this op has a kernel of its own and does not decompose, so `_count_flops` adds nothing for it, without a word: section 7's count had no attention. `sdpa_flop_count`, just above, is the formula the lesson adds by hand: two batched matmuls, 4·S²·d per sequence forward, the whole S × S square (its comment: causal masking is not accounted for).
+#     The decorator above it gives the formula to CUDA's fused SDPA ops (efficient, flash, cuDNN); none of the file's attention formulas is for the CPU's `_scaled_dot_product_flash_attention_for_cpu`. `__torch_dispatch__`, at the end of the file, decomposes an op without a formula when it has a `CompositeImplicitAutograd` kernel; the CPU's fused op has none (a CPU kernel only), so it runs as it is and `_count_flops` adds nothing for it, without a word: section 7's count had no attention. `sdpa_flop_count`, just above, is the formula the lesson adds by hand: two batched matmuls, 4·S²·d per sequence forward, the whole S × S square (`sdpa_flop`'s comment: causal attention is not accounted for).
 # ```
 
 # %% [markdown]
@@ -1014,18 +1021,24 @@ read_the_source([
 #    </details>
 #
 # 4. **Explain.** One step of this GPT is 121,946,112 FLOPs, and at the CPU's peak they would
-#    take less than the step does (the MFU is below 1 on every machine). Where does the rest
-#    of the time go, which of lesson 06's regimes is the step in, and what would move it out?
+#    take less than the step does (the MFU is below 1 on every machine). Which work do those
+#    FLOPs count, what else takes time in the step, and why can MFU alone not tell you where
+#    the rest of the time goes?
 #
 #    <details><summary>Answer</summary>
 #
-#    Into calls: the profiled step made 1,412 ATen operator calls on tensors of width 32,
-#    and each has a fixed cost that so little arithmetic does not amortise
-#    (*§ Stage 5: a profiler trace of one step, and its MFU*). That is lesson 06's overhead
-#    regime, the 16² matmul whose time was the call's; the 1024² matmul, with much more
-#    arithmetic per call, was in the compute regime
-#    (*06 § Three regimes: compute, memory, overhead*). More arithmetic per call moves it
-#    out: a wider model, longer sequences, a larger batch; or fewer calls.
+#    They count the matmuls' multiply-adds only: what `FlopCounterMode` found, all in `addmm`
+#    and `mm` and exactly 6 × weights × tokens, plus attention's 12·S²·d added by formula
+#    (*§ Stage 5: a profiler trace of one step, and its MFU*). Everything else also takes
+#    time: the layer norms, the GELU, the loss and AdamW's update (a few FLOPs per element,
+#    left out of the count), and the fixed cost of each of the step's 1,412 ATen calls, the
+#    cost that put lesson 06's 16² matmul in the overhead regime
+#    (*06 § Three regimes: compute, memory, overhead*). MFU is one ratio for all of it: it
+#    cannot say whether the matmuls and attention ran below the peak, the uncounted ops took
+#    the time or the calls' fixed cost did. The profiler's table sorted by self time, or the trace this
+#    stage wrote, says which on your CPU
+#    (*06 § The profiler: named regions, a sorted table, a Chrome trace*); timing the step on
+#    one row instead of 64 shows how much of it is fixed cost.
 #
 #    </details>
 
