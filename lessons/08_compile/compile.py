@@ -1071,19 +1071,26 @@ def max_gap(a, b):
     return max((u - v).abs().max().item() for u, v in zip(a, b))
 
 
+def graph_breaks():
+    """Dynamo's count of graph breaks by reason so far (kept whatever the log settings say)."""
+    return collections.Counter(dynamo.utils.counters["graph_break"])
+
+
 def ddp_graphs(order, optimize_ddp, x, ref, cap=1):
-    """Graphs captured for one DDP training step (bucket_cap_mb=cap), the gap to eager DDP's."""
+    """Graphs captured for one DDP training step (bucket_cap_mb=cap), the gap to eager DDP's,
+    and the graph breaks Dynamo met meanwhile (a Counter: reason -> count)."""
     dynamo.reset()
     saved, dynamo.config.optimize_ddp = dynamo.config.optimize_ddp, optimize_ddp
     try:
         torch.manual_seed(0)
-        model, counting = Stack(), AotCounting()
+        model, counting, before = Stack(), AotCounting(), graph_breaks()
         if order == "compile(DDP(model))":
             ddp = torch.compile(DDP(model, bucket_cap_mb=cap), backend=counting)
         else:  # "DDP(model.compile())": compile the model, then wrap it
             model.compile(backend=counting)
             ddp = DDP(model, bucket_cap_mb=cap)
-        return counting.graphs, max_gap(train_step(ddp, x), ref)
+        gap = max_gap(train_step(ddp, x), ref)
+        return counting.graphs, gap, graph_breaks() - before
     finally:
         dynamo.config.optimize_ddp = saved
         dynamo.reset()
@@ -1109,10 +1116,11 @@ with one_rank_group():
     ddp_ref = train_step(DDP(Stack(), bucket_cap_mb=1), xd)  # eager DDP
     for order in ["compile(DDP(model))", "DDP(model.compile())"]:
         for opt in [True, False]:
-            graphs, gap = ddp_runs[order, opt] = ddp_graphs(order, opt, xd, ddp_ref)
+            graphs, gap, breaks = ddp_runs[order, opt] = ddp_graphs(order, opt, xd, ddp_ref)
             per_graph = [graph_ops(gm).count("linear") for gm in graphs]
             print(f"{order:<21} optimize_ddp={opt!s:<5}: {len(graphs)} graphs, layers per graph "
-                  f"{per_graph}, loss and grads within 1e-6 of eager DDP: {gap < 1e-6}")
+                  f"{per_graph}, graph breaks {breaks.total()}, "
+                  f"loss and grads within 1e-6 of eager DDP: {gap < 1e-6}")
 print(f"dist initialized after the block: {dist.is_initialized()}, optimize_ddp: {dynamo.config.optimize_ddp}")
 seq_counts = sequential_graphs()
 print(f"nn.Sequential: model.compile() {seq_counts[0]} graphs, torch.compile(model) {seq_counts[1]} graph")
@@ -1121,10 +1129,10 @@ print(f"nn.Sequential: model.compile() {seq_counts[0]} graphs, torch.compile(mod
 # Output:
 # ```text
 # one layer's parameters: 1,050,624 bytes; bucket_cap_mb=1: 1,048,576 bytes
-# compile(DDP(model))   optimize_ddp=True : 4 graphs, layers per graph [1, 1, 1, 1], loss and grads within 1e-6 of eager DDP: True
-# compile(DDP(model))   optimize_ddp=False: 1 graphs, layers per graph [4], loss and grads within 1e-6 of eager DDP: True
-# DDP(model.compile())  optimize_ddp=True : 4 graphs, layers per graph [1, 1, 1, 1], loss and grads within 1e-6 of eager DDP: True
-# DDP(model.compile())  optimize_ddp=False: 1 graphs, layers per graph [4], loss and grads within 1e-6 of eager DDP: True
+# compile(DDP(model))   optimize_ddp=True : 4 graphs, layers per graph [1, 1, 1, 1], graph breaks 3, loss and grads within 1e-6 of eager DDP: True
+# compile(DDP(model))   optimize_ddp=False: 1 graphs, layers per graph [4], graph breaks 3, loss and grads within 1e-6 of eager DDP: True
+# DDP(model.compile())  optimize_ddp=True : 4 graphs, layers per graph [1, 1, 1, 1], graph breaks 0, loss and grads within 1e-6 of eager DDP: True
+# DDP(model.compile())  optimize_ddp=False: 1 graphs, layers per graph [4], graph breaks 0, loss and grads within 1e-6 of eager DDP: True
 # dist initialized after the block: False, optimize_ddp: True
 # nn.Sequential: model.compile() 0 graphs, torch.compile(model) 1 graph
 # ```
@@ -1139,19 +1147,25 @@ print(f"nn.Sequential: model.compile() {seq_counts[0]} graphs, torch.compile(mod
 # DDP's hook can start their all-reduce, while the earlier layers' backward still runs:
 # communication overlaps computation (the reason its docstring, *Note [DDPOptimizer]*,
 # gives for the split). With `optimize_ddp=False` there is one graph and one backward node: every
-# bucket's all-reduce waits for the whole backward. Same numbers either way (`aot_eager`
-# runs the same kernels as eager); only the time at which communication can start differs,
-# and that needs two ranks to see (lesson 13 draws overlap on a per-rank timeline).
+# bucket's all-reduce waits for the whole backward. The same loss and gradients either way
+# (within 1e-6: `aot_eager` runs the same kernels as eager); only the time at which
+# communication can start differs, and that needs two ranks to see (lesson 13 draws
+# overlap on a per-rank timeline).
 #
 # Both orders gave the same graphs. DDPOptimizer is switched on by *when* Dynamo compiles,
 # not by what it was handed: Dynamo checks whether a DDP module's forward is running
 # (`DistributedDataParallel._get_active_ddp_module()`), which is the case in both orders.
-# In `torch.compile(DDP(model))` ("wrap, then compile") Dynamo skips DDP's own `forward`
-# (torch's files) and captures from your model's `forward`, which DDP calls. PyTorch's page
-# *Where to apply torch.compile?* recommends the other order, compiling the inner module
-# and wrapping it, because Dynamo does not handle the distributed wrappers themselves
-# well; torchtitan does that, compiling each transformer block and then applying its
-# data-parallel wrapper.
+# They differ in the graph breaks. In `torch.compile(DDP(model))` ("wrap, then compile")
+# Dynamo starts tracing in DDP's own `forward`, meets Python it does not trace there
+# (DDP's bookkeeping; `TORCH_LOGS=graph_breaks` names a logger call and
+# `_inside_ddp_forward`, marked not to be traced; the test checks both) and breaks the
+# graph 3 times around your model's `forward`, which DDP calls and Dynamo captures as a
+# frame of its own. Those pieces of DDP held no tensor operation, so the backend never
+# received them. Compiling the model and then wrapping it left DDP's `forward` to run
+# eagerly: no break at all. That is the order PyTorch's page
+# *Where to apply torch.compile?* recommends, saying that `torch.compile` does not handle
+# distributed wrappers like DDP or FSDP very well; torchtitan does the same, compiling
+# each transformer block and then applying its data-parallel wrapper.
 #
 # The last line is why `Stack` is a class of our own. `model.compile()` installs
 # `torch.compile(model._call_impl)`; for an `nn.Sequential` of torch's layers, that method
@@ -1159,8 +1173,9 @@ print(f"nn.Sequential: model.compile() {seq_counts[0]} graphs, torch.compile(mod
 # frames, so it captured nothing and the model ran eagerly, with no error or warning
 # (pytorch/pytorch#150915). `torch.compile(model)` wraps the module itself and captures it.
 # Count your graphs (a counting backend, or `TORCH_LOGS=graph`) before trusting either.
-# (Compiling under DDP, Dynamo also logs to stderr that it ignores a profiler
-# `record_function`: DDP's forward opens one to label its work in a profile.)
+# (Compiling the DDP module, Dynamo also logs to stderr that it ignores a profiler
+# `record_function`: tracing DDP's `forward`, it met the one DDP opens to label its work in
+# a profile.)
 #
 # **Predict.** FSDP2 the way torchtitan does it: compile each of four residual blocks, then
 # `fully_shard` each block, then the root. How many graphs? Do FSDP's all-gathers appear in
@@ -1203,10 +1218,10 @@ class InputTypes(AotCounting):
         return super().__call__(gm, example_inputs)
 
 
-def fsdp_compiled(backend):
+def fsdp_compiled(backend, n=4):
     """torchtitan's order: compile each block, fully_shard each block, then the root."""
     torch.manual_seed(0)
-    model = Tower()
+    model = Tower(n)
     for block in model.blocks:
         block.compile(backend=backend)
     for block in model.blocks:
@@ -1241,15 +1256,19 @@ print(f"one step's loss and grads within 1e-6 of the eager model without FSDP: {
 # others' do), holding only the block's own `linear`, `relu` and `add`: no collective. The
 # parameters rest on the module as sharded `DTensor`s, and the graphs receive plain
 # `Parameter`s and `Tensor`s, no `DTensor`: as `fully_shard`'s docstring describes, FSDP's
-# forward pre-hook all-gathers the shards into full parameters *before* the compiled region
+# forward pre-hook all-gathers the shards into full parameters *before* the block's graph
 # runs and its forward hook frees them after; in backward its hooks all-gather again and
 # reduce-scatter the block's gradients once that block's compiled backward has run.
 # That is the reason for the order. Compiled inside the `fully_shard` wrap, each region is
 # one block: FSDP keeps scheduling its collectives block by block around it, exactly as in
-# eager (lesson 11), and the identical blocks share their graphs (two here, at any depth).
-# A `torch.compile` of the whole sharded model would instead have to trace FSDP's hooks and
-# collectives themselves, a harder path; PyTorch's page above advises compiling the inner
-# module. Activation
+# eager (lesson 11), and the identical blocks share their graphs (two here; the test checks
+# that eight blocks give two as well). FSDP2 keeps its hooks out of every graph: it wraps
+# each of them in `torch._dynamo.disable` (`_dynamo_disable`, in
+# `torch/distributed/fsdp/_fully_shard/_fsdp_common.py`). So a `torch.compile` of the
+# whole sharded model does not make one graph of it either: Dynamo breaks the graph where a
+# block's hooks are called, inside the root's loop, gives up on the root's `forward` (it
+# runs eagerly) and captures only each block's `forward` (the test checks that it gave
+# these same two graphs, and none with the head). Activation
 # checkpointing goes on before the compile, tensor parallelism before both (lesson 13
 # composes them): torchtitan's order is TP, activation checkpointing, compile each block,
 # then `fully_shard` each block and the root.
@@ -1299,8 +1318,9 @@ print(f"one step's loss and grads within 1e-6 of the eager model without FSDP: {
 #   each repeated block reuses one graph (two with gradients) whatever the depth.
 # - Under DDP, Dynamo cuts the graph where DDP's buckets end (`optimize_ddp=True`, the
 #   default), so each bucket's all-reduce can start during backward; it does so whether
-#   you compile the DDP module or the model inside it. With FSDP2, compile each block, then
-#   `fully_shard` each block and the root: FSDP's hooks stay outside the compiled regions.
+#   you compile the DDP module or the model inside it, but only the first breaks the graph
+#   inside DDP's own `forward`. With FSDP2, compile each block, then `fully_shard` each
+#   block and the root: FSDP's hooks, never traced, stay outside the graphs.
 #   `model.compile()` on an `nn.Sequential` of torch's layers captures nothing: count graphs.
 # - On a GPU, this lesson's tests compare compiled and eager, check the caching allocator
 #   against the `clone` floor, and prove that `mode="reduce-overhead"` records and replays a
@@ -1352,8 +1372,10 @@ read_the_source([
      "`create_aot_state` (its docstring outlines the plan) and `aot_stage1_graph_capture` trace "
      "the ATen graph, joint forward and backward when gradients are needed, functionalized and "
      "decomposed (section 5: `add_` became `add`; with the core table `silu` became `sigmoid` "
-     "and `mul`), and `aot_stage2_compile` splits it with `partition_fn` and hands forward and "
-     "backward to their compilers, wrapped in one `torch.autograd.Function`."),
+     "and `mul`). When gradients are needed, `aot_stage2_compile` then splits the joint graph "
+     "with `partition_fn` and hands forward and backward to their compilers, wrapped in one "
+     "`torch.autograd.Function`; without gradients one forward graph goes to the inference "
+     "compiler."),
     ("torch/_inductor/compile_fx.py", "def compile_fx(",
      "Inductor as a backend (`backend=\"inductor\"` calls it; its docstring says it calls into "
      "AOTAutograd). `_compile_fx_main`, below, wraps `compile_fx_inner` as the forward and "
@@ -1361,8 +1383,8 @@ read_the_source([
      "(`select_decomp_table()`) to the same `aot_autograd` helper section 5 used. The lowering "
      "is `_InProcessFxCompile.codegen_and_compile`: `GraphLowering(gm, ...)`, "
      "`graph.run(*example_inputs)` over the ATen graph, then `graph.compile_to_module()`, which "
-     "generates section 6's wrapper and kernel and loads them. It runs only on a cache miss: "
-     "after section 6's reset AOTAutograd's cache answered and nothing was lowered again."),
+     "generates section 6's wrapper and kernel and loads them. It runs only when neither "
+     "AOTAutograd's cache nor Inductor's FX graph cache already holds the graph."),
     ("torch/_dynamo/backends/distributed.py", "class DDPOptimizer:",
      "Its docstring, Note [DDPOptimizer], gives the reason for section 9's split: one compiled "
      "backward makes every gradient ready at once. `compile_fn` walks the forward graph from "
@@ -1385,9 +1407,9 @@ read_the_source([
 # torch/_dynamo/guards.py:«line»  `def get_guard_fail_reason(`
 #     Called for each cached graph when a call passes none of them, by `get_and_maybe_log_recompilation_reasons` below (what `TORCH_LOGS=recompiles` prints). `get_guard_fail_reason_helper`, above, reruns the graph's guards verbosely, keeps the first that failed, the guard's own code (section 1's `scale == 2.0`) or a tensor check's message (section 4's `tensor 'x' rank mismatch ...`), and puts the compile id in front (`0/0: `). This function appends that line to `guard_failures`, the record section 1 reads, unless `skip_logging` is set, as the `fail_on_recompile` stance does.
 # torch/_functorch/aot_autograd.py:«line»  `def aot_module_simplified(`
-#     What `aot_eager`, section 5's `aot_autograd(fw_compiler=...)` and Inductor all call with Dynamo's graph. With a compiler that can be serialized (Inductor's) it first asks AOTAutograd's cache, `AOTAutogradCache.try_load`, whose key section 6 listed. Otherwise `create_aot_state` (its docstring outlines the plan) and `aot_stage1_graph_capture` trace the ATen graph, joint forward and backward when gradients are needed, functionalized and decomposed (section 5: `add_` became `add`; with the core table `silu` became `sigmoid` and `mul`), and `aot_stage2_compile` splits it with `partition_fn` and hands forward and backward to their compilers, wrapped in one `torch.autograd.Function`.
+#     What `aot_eager`, section 5's `aot_autograd(fw_compiler=...)` and Inductor all call with Dynamo's graph. With a compiler that can be serialized (Inductor's) it first asks AOTAutograd's cache, `AOTAutogradCache.try_load`, whose key section 6 listed. Otherwise `create_aot_state` (its docstring outlines the plan) and `aot_stage1_graph_capture` trace the ATen graph, joint forward and backward when gradients are needed, functionalized and decomposed (section 5: `add_` became `add`; with the core table `silu` became `sigmoid` and `mul`). When gradients are needed, `aot_stage2_compile` then splits the joint graph with `partition_fn` and hands forward and backward to their compilers, wrapped in one `torch.autograd.Function`; without gradients one forward graph goes to the inference compiler.
 # torch/_inductor/compile_fx.py:«line»  `def compile_fx(`
-#     Inductor as a backend (`backend="inductor"` calls it; its docstring says it calls into AOTAutograd). `_compile_fx_main`, below, wraps `compile_fx_inner` as the forward and backward compilers and passes Inductor's own decomposition table (`select_decomp_table()`) to the same `aot_autograd` helper section 5 used. The lowering is `_InProcessFxCompile.codegen_and_compile`: `GraphLowering(gm, ...)`, `graph.run(*example_inputs)` over the ATen graph, then `graph.compile_to_module()`, which generates section 6's wrapper and kernel and loads them. It runs only on a cache miss: after section 6's reset AOTAutograd's cache answered and nothing was lowered again.
+#     Inductor as a backend (`backend="inductor"` calls it; its docstring says it calls into AOTAutograd). `_compile_fx_main`, below, wraps `compile_fx_inner` as the forward and backward compilers and passes Inductor's own decomposition table (`select_decomp_table()`) to the same `aot_autograd` helper section 5 used. The lowering is `_InProcessFxCompile.codegen_and_compile`: `GraphLowering(gm, ...)`, `graph.run(*example_inputs)` over the ATen graph, then `graph.compile_to_module()`, which generates section 6's wrapper and kernel and loads them. It runs only when neither AOTAutograd's cache nor Inductor's FX graph cache already holds the graph.
 # torch/_dynamo/backends/distributed.py:«line»  `class DDPOptimizer:`
 #     Its docstring, Note [DDPOptimizer], gives the reason for section 9's split: one compiled backward makes every gradient ready at once. `compile_fn` walks the forward graph from the end, adds the bytes of each parameter a node uses to the current bucket and, once that bucket holds `bucket_bytes_cap` bytes (the first from the end: `first_bucket_cap`, by default `dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB) and feeds a later node, starts a new one. With more than one bucket it splits the graph (`split_module`) and compiles each piece with your backend: section 9's four graphs. `CatchErrorsWrapper.__call__` in `convert_frame.py` puts it in place while a DDP module's forward runs.
 # ```
@@ -1480,10 +1502,12 @@ read_the_source([
 #    Four graphs of one layer each, in both orders, with the default `optimize_ddp=True`:
 #    Dynamo cut the graph where a bucket of 1 MiB fills, and with `optimize_ddp=False` it
 #    was one graph of four layers; the loss and gradients were within 1e-6 of eager DDP's
-#    every time. Under FSDP2 the four compiled blocks gave 2 graphs holding only `linear`,
-#    `relu` and `add`, no collective, and while the weights rest on the module as `DTensor`s
-#    the graphs received `Parameter`s and `Tensor`s: the all-gather runs outside the
-#    compiled region (*§ Compile inside the data-parallel wrapper: DDP and FSDP2*).
+#    every time. The order changed only the graph breaks: 3 inside DDP's own `forward` when
+#    the DDP module was compiled, none when the model was compiled and then wrapped. Under
+#    FSDP2 the four compiled blocks gave 2 graphs holding only `linear`, `relu` and `add`,
+#    no collective, and while the weights rest on the module as `DTensor`s the graphs
+#    received `Parameter`s and `Tensor`s: the all-gather runs outside the graphs, in FSDP's
+#    hooks (*§ Compile inside the data-parallel wrapper: DDP and FSDP2*).
 #
 #    </details>
 

@@ -589,6 +589,14 @@ def test_ddp_optimizer_splits_at_bucket_boundaries(lesson):
         assert [ops(gm).count("linear") for gm in split[0]] == [1, 1, 1, 1]
         assert [ops(gm).count("linear") for gm in whole[0]] == [4]
         assert split[1] < 1e-6 and whole[1] < 1e-6
+    # the prose: compiling the DDP module breaks the graph inside DDP's own forward (its
+    # logger call, and _inside_ddp_forward, marked not to be traced); compile-then-wrap never
+    for opt in [True, False]:
+        breaks = ns["ddp_runs"]["compile(DDP(model))", opt][2]
+        assert breaks.total() == 3
+        assert any("set_runtime_stats_and_log" in reason for reason in breaks)
+        assert any("_inside_ddp_forward" in reason for reason in breaks)
+        assert ns["ddp_runs"]["DDP(model.compile())", opt][2].total() == 0
     assert ns["layer_bytes"] > 2**20  # each layer fills a 1 MiB bucket on its own
     assert dynamo.config.optimize_ddp is True and not torch.distributed.is_initialized()
 
@@ -601,7 +609,7 @@ def test_ddp_split_follows_the_bucket_cap(lesson):
     with ns["one_rank_group"]():
         torch.manual_seed(0)
         ref = ns["train_step"](ns["DDP"](ns["Stack"](), bucket_cap_mb=2), x)
-        graphs, gap = ns["ddp_graphs"]("compile(DDP(model))", True, x, ref, cap=2)
+        graphs, gap, _ = ns["ddp_graphs"]("compile(DDP(model))", True, x, ref, cap=2)
     assert [ns["graph_ops"](gm).count("linear") for gm in graphs] == [1, 2, 1]
     assert gap < 1e-6
     assert torch.distributed._DEFAULT_FIRST_BUCKET_BYTES == 2**20
@@ -617,6 +625,40 @@ def test_fsdp2_compiled_blocks_keep_the_hooks_outside(lesson):
     assert ns["at_rest"] == "DTensor" and "DTensor" not in backend.types
     assert ns["fsdp_gap"] < 1e-6
     assert isinstance(ns["fsdp_model"], torch.distributed.fsdp.FSDPModule)
+
+
+def test_fsdp2_compiled_blocks_share_two_graphs_at_depth_8(lesson):
+    """The prose: eight blocks give the same two graphs as four."""
+    ns = lesson.ns
+    dynamo.reset()
+    backend = ns["InputTypes"]()
+    with ns["one_rank_group"]():
+        ns["train_step"](ns["fsdp_compiled"](backend, n=8), ns["xf"])
+    dynamo.reset()
+    assert [ns["graph_ops"](gm) for gm in backend.graphs] == [["linear", "relu", "add"]] * 2
+    assert "DTensor" not in backend.types
+
+
+def test_fsdp2_whole_model_compile_captures_only_the_blocks(lesson):
+    """The prose: FSDP2's hooks are never traced (torch._dynamo.disable), so compiling the whole
+    sharded model breaks the graph at each block's hooks inside the root's loop; Dynamo runs
+    the root's forward eagerly and captures only the blocks' forwards, never the head."""
+    from torch.distributed.fsdp import fully_shard
+
+    ns = lesson.ns
+    dynamo.reset()
+    backend = ns["AotCounting"]()
+    with ns["one_rank_group"]():
+        torch.manual_seed(0)
+        model = ns["Tower"]()
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        gap = ns["max_gap"](ns["train_step"](torch.compile(model, backend=backend), ns["xf"]), ns["fsdp_ref"])
+    dynamo.reset()
+    assert [ns["graph_ops"](gm) for gm in backend.graphs] == [["linear", "relu", "add"]] * 2
+    assert gap < 1e-6
+    assert not torch.distributed.is_initialized()
 
 
 def test_module_compile_on_sequential_captures_nothing(lesson):
