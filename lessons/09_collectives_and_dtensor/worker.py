@@ -144,7 +144,11 @@ def show_matmul(mesh, device):
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(4, 64, generator=gen).to(device), torch.randn(64, 3, generator=gen).to(device)
     full = (distribute_tensor(a, mesh, [Shard(1)]) @ distribute_tensor(b, mesh, [Shard(0)])).full_tensor()
-    shared(f"random fp32: equal {torch.equal(full, a @ b)}, allclose {torch.allclose(full, a @ b)}")
+    halves = a[:, :32].contiguous() @ b[:32] + a[:, 32:].contiguous() @ b[32:]  # the two ranks' products, added
+    # Bitwise equality with one process's a @ b depends on the order the BLAS sums in (it
+    # differs between CPUs), so it is not printed as a fact: the gap is, against a bound.
+    shared(f"random fp32: bitwise equal to the two half-products added: {torch.equal(full, halves)}; "
+           f"max gap to one process's a @ b below 1e-5: {(full - a @ b).abs().max().item() < 1e-5}")
 
 
 def collectives(device):
