@@ -1008,10 +1008,11 @@ print(f"whole model:       {len(whole.graphs)} graph, ops {graph_ops(whole.graph
 #
 # Lessons 09 to 13 spread training over ranks with two wrappers: DDP (every rank holds the
 # whole model and all-reduces the gradients) and FSDP2 (`fully_shard`: every rank holds a
-# shard and all-gathers the parameters when a block runs). Both work through hooks that fire
-# while autograd runs. A compiled region's backward is *one* autograd node: every gradient
-# it makes becomes ready at the same moment, when the whole node has finished. So where the
-# compiled regions begin and end decides when the wrapper's hooks can fire.
+# shard and all-gathers the parameters when a block runs). Both send gradients from hooks
+# that fire while autograd runs the backward. A compiled region's backward is *one*
+# autograd node: every gradient it makes becomes ready at the same moment, when the whole
+# node has finished. So where the compiled regions begin and end decides when the
+# wrapper's hooks can fire.
 #
 # We need no second process to watch this: a gloo process group of *one* rank can live
 # inside this process (`dist.HashStore()` is an in-memory rendezvous). Its all-reduce has
@@ -1143,11 +1144,13 @@ print(f"nn.Sequential: model.compile() {seq_counts[0]} graphs, torch.compile(mod
 # order in which backward makes the gradients ready) adding up parameter bytes, and cuts
 # where a bucket is full, using the DDP module's `bucket_cap_mb` (and 1 MiB for the first
 # bucket from the end, `dist._DEFAULT_FIRST_BUCKET_BYTES`; the test checks a 2 MiB cap).
-# Each piece gets its own compiled backward, so the last layer's gradients are ready, and
-# DDP's hook can start their all-reduce, while the earlier layers' backward still runs:
-# communication overlaps computation (the reason its docstring, *Note [DDPOptimizer]*,
-# gives for the split). With `optimize_ddp=False` there is one graph and one backward node: every
-# bucket's all-reduce waits for the whole backward. The same loss and gradients either way
+# Each piece gets its own compiled backward (the test counts the loss's autograd nodes:
+# four `CompiledFunctionBackward` with the split, one without), so the last layer's
+# gradients are ready, and DDP's hook can start their all-reduce, while the earlier
+# layers' backward still runs: communication overlaps computation (the reason its
+# docstring, *Note [DDPOptimizer]*, gives for the split). With `optimize_ddp=False` there
+# is one graph and one backward node: every bucket's all-reduce waits for the whole
+# backward. The same loss and gradients either way
 # (within 1e-6: `aot_eager` runs the same kernels as eager); only the time at which
 # communication can start differs, and that needs two ranks to see (lesson 13 draws
 # overlap on a per-rank timeline).

@@ -601,6 +601,40 @@ def test_ddp_optimizer_splits_at_bucket_boundaries(lesson):
     assert dynamo.config.optimize_ddp is True and not torch.distributed.is_initialized()
 
 
+def autograd_node_names(t):
+    """Class names of every autograd node behind tensor t."""
+    seen, todo, names = set(), [t.grad_fn], []
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        todo += [n for n, _ in node.next_functions]
+    return names
+
+
+def test_each_ddp_piece_is_one_backward_node(lesson):
+    """The prose: a compiled region's backward is one autograd node; DDPOptimizer's split
+    gives four of them (one per bucket), optimize_ddp=False one."""
+    ns = lesson.ns
+    counts = {}
+    with ns["one_rank_group"]():
+        for opt in [True, False]:
+            dynamo.reset()
+            saved, dynamo.config.optimize_ddp = dynamo.config.optimize_ddp, opt
+            try:
+                torch.manual_seed(0)
+                ddp = torch.compile(ns["DDP"](ns["Stack"](), bucket_cap_mb=1), backend="aot_eager")
+                loss = ddp(ns["xd"]).square().mean()
+                counts[opt] = autograd_node_names(loss).count("CompiledFunctionBackward")
+                loss.backward()
+            finally:
+                dynamo.config.optimize_ddp = saved
+    dynamo.reset()
+    assert counts == {True: 4, False: 1}
+
+
 def test_ddp_split_follows_the_bucket_cap(lesson):
     """The cut moves with bucket_cap_mb: with 2 MiB, two layers share a graph. The last layer
     stays alone: DDPOptimizer's first bucket is 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES)."""
