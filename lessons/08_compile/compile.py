@@ -1150,10 +1150,9 @@ print(f"nn.Sequential: model.compile() {seq_counts[0]} graphs, torch.compile(mod
 # layers' backward still runs: communication overlaps computation (the reason its
 # docstring, *Note [DDPOptimizer]*, gives for the split). With `optimize_ddp=False` there
 # is one graph and one backward node: every bucket's all-reduce waits for the whole
-# backward. The same loss and gradients either way
-# (within 1e-6: `aot_eager` runs the same kernels as eager); only the time at which
-# communication can start differs, and that needs two ranks to see (lesson 13 draws
-# overlap on a per-rank timeline).
+# backward. The same loss and gradients either way (within 1e-6: `aot_eager` runs the
+# same kernels as eager); only the time at which communication can start differs, and
+# that needs two ranks to see (lesson 13 draws overlap on a per-rank timeline).
 #
 # Both orders gave the same graphs. DDPOptimizer is switched on by *when* Dynamo compiles,
 # not by what it was handed: Dynamo checks whether a DDP module's forward is running
@@ -1164,9 +1163,10 @@ print(f"nn.Sequential: model.compile() {seq_counts[0]} graphs, torch.compile(mod
 # `_inside_ddp_forward`, marked not to be traced; the test checks both) and breaks the
 # graph 3 times around your model's `forward`, which DDP calls and Dynamo captures as a
 # frame of its own. Those pieces of DDP held no tensor operation, so the backend never
-# received them. Compiling the model and then wrapping it left DDP's `forward` to run
-# eagerly: no break at all. That is the order PyTorch's page
-# *Where to apply torch.compile?* recommends, saying that `torch.compile` does not handle
+# received them. (Tracing DDP's `forward`, Dynamo also met the profiler `record_function`
+# that DDP opens to label its work, and logs to stderr that it ignores it.) Compiling the
+# model and then wrapping it left DDP's `forward` to run eagerly: no break at all. That is
+# the order PyTorch's page *Where to apply torch.compile?* recommends, saying that `torch.compile` does not handle
 # distributed wrappers like DDP or FSDP very well; torchtitan does the same, compiling
 # each transformer block and then applying its data-parallel wrapper.
 #
@@ -1176,9 +1176,6 @@ print(f"nn.Sequential: model.compile() {seq_counts[0]} graphs, torch.compile(mod
 # frames, so it captured nothing and the model ran eagerly, with no error or warning
 # (pytorch/pytorch#150915). `torch.compile(model)` wraps the module itself and captures it.
 # Count your graphs (a counting backend, or `TORCH_LOGS=graph`) before trusting either.
-# (Compiling the DDP module, Dynamo also logs to stderr that it ignores a profiler
-# `record_function`: tracing DDP's `forward`, it met the one DDP opens to label its work in
-# a profile.)
 #
 # **Predict.** FSDP2 the way torchtitan does it: compile each of four residual blocks, then
 # `fully_shard` each block, then the root. How many graphs? Do FSDP's all-gathers appear in
@@ -1256,7 +1253,7 @@ print(f"one step's loss and grads within 1e-6 of the eager model without FSDP: {
 # ```
 #
 # Two graphs for four blocks, as in section 8 (block 0's input does not require grad, the
-# others' do), holding only the block's own `linear`, `relu` and `add`: no collective. The
+# others' do: the test finds that guard's failure), holding only the block's own `linear`, `relu` and `add`: no collective. The
 # parameters rest on the module as sharded `DTensor`s, and the graphs receive plain
 # `Parameter`s and `Tensor`s, no `DTensor`: as `fully_shard`'s docstring describes, FSDP's
 # forward pre-hook all-gathers the shards into full parameters *before* the block's graph
@@ -1271,10 +1268,10 @@ print(f"one step's loss and grads within 1e-6 of the eager model without FSDP: {
 # whole sharded model does not make one graph of it either: Dynamo breaks the graph where a
 # block's hooks are called, inside the root's loop, gives up on the root's `forward` (it
 # runs eagerly) and captures only each block's `forward` (the test checks that it gave
-# these same two graphs, and none with the head). Activation
-# checkpointing goes on before the compile, tensor parallelism before both (lesson 13
-# composes them): torchtitan's order is TP, activation checkpointing, compile each block,
-# then `fully_shard` each block and the root.
+# these same two graphs, and none with the head). Activation checkpointing goes on before
+# the compile, tensor parallelism before both (lesson 13 composes them with FSDP2):
+# torchtitan's order is TP, activation checkpointing, compile each block, then
+# `fully_shard` each block and the root.
 
 # %% [markdown]
 # ## Where next: structured logs and ahead-of-time compilation

@@ -662,15 +662,18 @@ def test_fsdp2_compiled_blocks_keep_the_hooks_outside(lesson):
 
 
 def test_fsdp2_compiled_blocks_share_two_graphs_at_depth_8(lesson):
-    """The prose: eight blocks give the same two graphs as four."""
+    """The prose: eight blocks give the same two graphs as four, the second one because block
+    0's input does not require grad and block 1's does."""
     ns = lesson.ns
     dynamo.reset()
     backend = ns["InputTypes"]()
     with ns["one_rank_group"]():
         ns["train_step"](ns["fsdp_compiled"](backend, n=8), ns["xf"])
+    failed = [r.splitlines()[0] for v in dynamo.utils.guard_failures.values() for r in v]
     dynamo.reset()
     assert [ns["graph_ops"](gm) for gm in backend.graphs] == [["linear", "relu", "add"]] * 2
     assert "DTensor" not in backend.types
+    assert len(failed) == 1 and "requires_grad mismatch" in failed[0], failed
 
 
 def test_fsdp2_whole_model_compile_captures_only_the_blocks(lesson):
