@@ -5,6 +5,7 @@ under TORCH_LOGS=output_code, Inductor's vector width and cache under simulated 
 on CUDA, compiled vs eager, the caching allocator against the clone floor, and
 mode="reduce-overhead" recording and replaying a CUDA graph."""
 
+import functools
 import os
 import mmap
 import platform
@@ -314,6 +315,14 @@ def probe(cache, level=None):
     return cap, int(step), float(err), float(ratio)
 
 
+@functools.cache
+def fresh_probe(level):
+    """probe() with an empty cache of its own: one run per level in a test session (the two
+    slow tests below both need the AVX2 one; each run is a cold compile of several seconds)."""
+    with tempfile.TemporaryDirectory() as cache:
+        return probe(cache, level)
+
+
 def x86_capability():
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("simulated CPU levels are x86 ones")
@@ -329,8 +338,7 @@ def test_vector_width_under_simulated_cpus():
     for level, lanes in [("avx2", 8), ("default", 1)]:
         if level == "avx2" and host not in ("AVX512", "AVX2"):
             continue
-        with tempfile.TemporaryDirectory() as cache:
-            cap, step, err, ratio = probe(cache, level)
+        cap, step, err, ratio = fresh_probe(level)
         assert (cap, step) == (level.upper(), lanes) and err == 0.0
         assert ratio < 1 if lanes > 1 else ratio > 1, (level, ratio)
 
@@ -347,8 +355,7 @@ def test_cache_shared_across_isas_gives_wrong_values():
         cap, step, err, _ = probe(cache, "avx2")  # read back under AVX2
     assert cap == "AVX2" and step == 16, "the AVX-512 code was reused"
     assert err > 1.0, f"max error {err}"
-    with tempfile.TemporaryDirectory() as cache:
-        assert probe(cache, "avx2")[:3] == ("AVX2", 8, 0.0)  # its own cache: right
+    assert fresh_probe("avx2")[:3] == ("AVX2", 8, 0.0)  # its own cache: right
 
 
 @pytest.mark.slow
