@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import textwrap
 from pathlib import Path
 
 REPO = "pytorch:"  # prefix of a path in PyTorch's repository (not shipped in the wheel)
 GITHUB = "https://github.com/pytorch/pytorch/blob"
+WIDTH = 88  # what to look for is wrapped to this width, indented under its stop
 
 
 def site_root() -> Path:
@@ -57,11 +59,17 @@ def link(path: str) -> str:
     return f"{GITHUB}/v{release()}/{path.removeprefix(REPO)}"
 
 
+def indented(text: str) -> str:
+    return textwrap.fill(text, WIDTH, initial_indent="    ", subsequent_indent="    ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
 def read_the_source(stops: list[tuple[str, str, str]]) -> None:
-    """Print where each stop is: ``path:line`` in the installed torch, or a link."""
+    """Print where each stop is: ``path:line`` in the installed torch, or a link, and under
+    it, indented, what to look for there."""
     print(f"torch {release()} installed in {site_root()}")
     for path, text, look in stops:
         if path.startswith(REPO):
-            print(f"{link(path)}\n    search for `{text}`: {look}")
+            print(f"{link(path)}\n{indented(f'search for `{text}`: {look}')}")
         else:
-            print(f"{path}:{find_line(path, text)}  `{text}`\n    {look}")
+            print(f"{path}:{find_line(path, text)}  `{text}`\n{indented(look)}")

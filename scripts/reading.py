@@ -40,7 +40,7 @@ REPO_PATH = re.compile(r"(?:aten|c10|torch/csrc|caffe2)/[\w/.-]+\.(?:cpp|cu|cuh|
 PATH: list[tuple[str, str, str]] = [
     ("The Python tensor façade", "01", "torch/_tensor.py"),
     ("Tensor metadata: sizes, strides, offset, storage", "01", "torch/include/c10/core/TensorImpl.h"),
-    ("Interception hooks: __torch_function__", "02", "torch/overrides.py"),
+    ("Interception hooks: `__torch_function__`", "02", "torch/overrides.py"),
     ("The dispatcher", "02", "torch/include/ATen/core/dispatch/Dispatcher.h"),
     ("Dispatch keys and their order", "02", "torch/include/c10/core/DispatchKey.h"),
     ("Operator schemas", "02", "torchgen/packaged/ATen/native/native_functions.yaml"),
@@ -61,14 +61,15 @@ PATH: list[tuple[str, str, str]] = [
 
 # The mastery rubric: what a student who finished the course can do, and the lesson whose
 # Mastery check asks it (the capstone's asks the items that span lessons).
-RUBRIC: list[tuple[str, str]] = [
-    ("Show that a transpose shares its base's storage, and predict when `reshape` copies", "01"),
-    ("Reproduce the saved-tensor mutation error and explain its version counter", "03"),
-    ("Compare SDPA and its gradients with the formula, within a stated bound", "07"),
-    ("Tell a graph break, a guard failure and kernel compilation apart", "08"),
-    ("Explain what FSDP2 keeps resident on each rank, and when it gathers", "11"),
-    ("Verify that a restored optimizer's next update equals the uninterrupted one", "12"),
-    ("Place a failure in its layer, from the tensor to the launcher", "14"),
+RUBRIC: list[tuple[str, str, int, str]] = [  # (item, lesson, question number, text the question holds)
+    ("Show that a transpose shares its base's storage, and predict when `reshape` copies", "01", 1, "y = x.t()"),
+    ("Reproduce the saved-tensor mutation error and explain its version counter", "03", 1,
+     "has been modified by an"),
+    ("Compare SDPA and its gradients with the formula, within a stated bound", "07", 1, "written by hand"),
+    ("Tell a graph break, a guard failure and kernel compilation apart", "08", 1, "Tell them apart"),
+    ("Explain what FSDP2 keeps resident on each rank, and when it gathers", "11", 1, "resident"),
+    ("Verify that a restored optimizer's next update equals the uninterrupted one", "12", 1, "Adam optimizer"),
+    ("Place a failure in its layer, from the tensor to the launcher", "14", 1, "Place a failure in its layer"),
 ]
 
 
@@ -178,6 +179,18 @@ def mastery_problems(lesson: Lesson) -> list[str]:
     return [p for answer in answers for p in answer_problems(lesson, answer)]
 
 
+def question(lesson: Lesson, k: int) -> str:
+    """The text of question k of a lesson's Mastery check (without its answer); '' if none."""
+    parts = re.split(r"^\d+\.\s", section(lesson.script, "Mastery check"), flags=re.M)[1:]
+    return parts[k - 1].split("<details>")[0] if 0 < k <= len(parts) else ""
+
+
+def rubric_problems() -> list[str]:
+    """Each rubric item is the question RUBRIC says it is."""
+    return [f"rubric: question {k} of lesson {number} does not ask {item!r} (no {text!r} in it)"
+            for item, number, k, text in RUBRIC if text not in " ".join(question(find(number), k).split())]
+
+
 def stop_by_path(lesson: Lesson, path: str) -> Stop:
     for stop in stops(lesson.script):
         if stop[0] == path:
@@ -190,20 +203,25 @@ def link(lesson: Lesson) -> str:
     return f"[{lesson.number} {lesson.title}]({lesson.folder}/{lesson.script.name})"
 
 
+def where(path: str, text: str) -> str:
+    """A stop as READING.md shows it: the file (a link for a repository file) and the text."""
+    name = f"[`{path.removeprefix(sourcemap.REPO)}`]({sourcemap.link(path)})" if path.startswith(sourcemap.REPO) else f"`{path}`"
+    return f"{name}, at `{text}`"
+
+
 def render() -> str:
     """READING.md, from PATH, RUBRIC and the lessons' Read the source cells."""
     out = [HEADER]
     for i, (title, number, path) in enumerate(PATH, start=1):
         lesson = find(number)
-        _, text, look = stop_by_path(lesson, path)
-        out.append(f"{i}. **{title}**: `{path}`, at `{text}`. {look} ({link(lesson)})")
-    out += ["", "## Every lesson's stops", ""]
+        out.append(f"{i}. **{title}**: {where(*stop_by_path(lesson, path)[:2])} ({link(lesson)})")
+    out += ["", "## Every lesson's stops", "", STOPS_INTRO, ""]
     for lesson in ready():
         out.append(f"### {link(lesson)}\n")
-        out += [f"- `{p}`, at `{t}`: {look}" for p, t, look in stops(lesson.script)]
+        out += [f"- {where(p, t)}: {look}" for p, t, look in stops(lesson.script)]
         out.append("")
     out += ["## The mastery rubric", "", RUBRIC_INTRO, ""]
-    out += [f"- {item}: {link(find(number))}, *Mastery check*" for item, number in RUBRIC]
+    out += [f"- {item}: {link(find(number))}, *Mastery check*, question {k}" for item, number, k, _ in RUBRIC]
     return "\n".join(out) + "\n"
 
 
@@ -225,6 +243,9 @@ autograd, then out into compilation and the distributed layers. Read each stop a
 lesson named beside it, with that lesson's notebook open.
 """
 
+STOPS_INTRO = """What to look for at each stop, lesson by lesson: the path above in order, and the
+stops beside it. The lesson's cell prints the same list with the line numbers of your install."""
+
 RUBRIC_INTRO = """What you can do after the course. Each item is a question of the named lesson's
 *Mastery check*, answered there from a cell the lesson ran."""
 
@@ -235,6 +256,7 @@ def problems() -> list[str]:
     for lesson in ready():
         found += [f"{lesson.folder}: {p}" for stop in stops(lesson.script) if (p := stop_problem(stop))]
         found += closing_problems(lesson) + mastery_problems(lesson)
+    found += rubric_problems()
     if not found and (not READING.exists() or READING.read_text() != render()):
         found.append("lessons/READING.md is stale: run `make reading`")
     return found

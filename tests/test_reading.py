@@ -83,6 +83,14 @@ def test_read_the_source_prints_paths_and_links(capsys):
     assert out[4] == "    search for `Tensor view(`: and here"
 
 
+def test_what_to_look_for_is_wrapped_under_its_stop(capsys):
+    look = " ".join(["word"] * 60)
+    sourcemap.read_the_source([("torch/_tensor.py", "class Tensor(", look)])
+    out = capsys.readouterr().out.splitlines()[2:]
+    assert len(out) > 1 and all(len(line) <= sourcemap.WIDTH and line.startswith("    ") for line in out)
+    assert " ".join(line.strip() for line in out) == look
+
+
 def test_reading_path_covers_the_issue_and_is_in_sync():
     on_path = [path for _, _, path in reading.PATH]
     missing = [s for s in ISSUE_STOPS if not any(p.startswith(s) for p in on_path)]
@@ -90,6 +98,12 @@ def test_reading_path_covers_the_issue_and_is_in_sync():
     for _, number, path in reading.PATH:
         reading.stop_by_path(manifest.find(number), path)  # raises when the lesson lacks it
     assert reading.READING.read_text() == reading.render(), "lessons/READING.md is stale: run `make reading`"
+
+
+def test_each_rubric_item_is_the_question_named():
+    assert reading.rubric_problems() == []
+    lesson = manifest.find("01")
+    assert "y = x.t()" in reading.question(lesson, 1) and reading.question(lesson, 9) == ""
 
 
 def test_mastery_answers_must_name_a_real_section():

@@ -914,17 +914,42 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «folder»
 # torch/_tensor.py:«line»  `class Tensor(torch._C.TensorBase)`
-#     The Python class subclasses `torch._C.TensorBase`, the C++ binding that holds the handle to the `TensorImpl`: `stride()`, `t()`, `untyped_storage()`, `_base` and `_cdata` are inherited from it, not defined here. Further down, `__cuda_array_interface__` (CUDA tensors only) turns a non-contiguous tensor's element strides into byte strides (`s * itemsize`, the NumPy rule of section 1); for a contiguous one it reports `None`, as that interface asks.
+#     The Python class subclasses `torch._C.TensorBase`, the C++ binding that holds the
+#     handle to the `TensorImpl`: `stride()`, `t()`, `untyped_storage()`, `_base` and
+#     `_cdata` are inherited from it, not defined here. Further down,
+#     `__cuda_array_interface__` (CUDA tensors only) turns a non-contiguous tensor's
+#     element strides into byte strides (`s * itemsize`, the NumPy rule of section 1); for
+#     a contiguous one it reports `None`, as that interface asks.
 # torch/include/c10/core/TensorImpl.h:«line»  `struct C10_API TensorImpl :`
-#     The record itself: its data members, near the end of the struct, are `storage_`, `sizes_and_strides_`, `storage_offset_`, `data_type_` and `device_opt_`, plus `version_counter_` (the note above `struct C10_API VariableVersion` lists who shares it: a view, `detach()`) and `pyobj_slot_`, which holds the one Python object of section 2. `set_sizes_and_strides` rewrites sizes and strides, then `refresh_contiguous()` caches in the bit `is_contiguous_` what `is_contiguous()` returns.
+#     The record itself: its data members, near the end of the struct, are `storage_`,
+#     `sizes_and_strides_`, `storage_offset_`, `data_type_` and `device_opt_`, plus
+#     `version_counter_` (the note above `struct C10_API VariableVersion` lists who shares
+#     it: a view, `detach()`) and `pyobj_slot_`, which holds the one Python object of
+#     section 2. `set_sizes_and_strides` rewrites sizes and strides, then
+#     `refresh_contiguous()` caches in the bit `is_contiguous_` what `is_contiguous()`
+#     returns.
 # torch/include/c10/core/Contiguity.h:«line»  `bool _compute_contiguous(`
-#     Section 3's rule, line for line: an empty tensor is contiguous; walking from the last dimension, a size-1 dimension is skipped and every other stride must equal the product of the sizes after it. `TensorImpl::compute_contiguous` (in `c10/core/TensorImpl.cpp`) applies it to the record's sizes and strides.
+#     Section 3's rule, line for line: an empty tensor is contiguous; walking from the
+#     last dimension, a size-1 dimension is skipped and every other stride must equal the
+#     product of the sizes after it. `TensorImpl::compute_contiguous` (in
+#     `c10/core/TensorImpl.cpp`) applies it to the record's sizes and strides.
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/TensorShape.cpp
-#     search for `Tensor reshape_symint(`: When `reshape` copies: a contiguous input goes straight to `view`; otherwise `at::detail::computeStride` looks for strides that read the new shape, and `reshape` returns a view (`_reshape_alias`) when it finds them and `_unsafe_view` of `self.clone(at::MemoryFormat::Contiguous)`, a copy, when it does not: section 5's `y.reshape(-1)`.
+#     search for `Tensor reshape_symint(`: When `reshape` copies: a contiguous input goes
+#     straight to `view`; otherwise `at::detail::computeStride` looks for strides that
+#     read the new shape, and `reshape` returns a view (`_reshape_alias`) when it finds
+#     them and `_unsafe_view` of `self.clone(at::MemoryFormat::Contiguous)`, a copy, when
+#     it does not: section 5's `y.reshape(-1)`.
 # torch/include/c10/core/MemoryFormat.h:«line»  `std::vector<T> get_channels_last_strides_2d(`
-#     The strides a channels-last tensor gets: C gets stride 1, W steps over the C channels, H over W·C, N over H·W·C, which gives section 6's (60, 1, 15, 3) for a (2, 3, 4, 5) image; `TensorImpl::empty_tensor_restride` calls it for `MemoryFormat::ChannelsLast`.
+#     The strides a channels-last tensor gets: C gets stride 1, W steps over the C
+#     channels, H over W·C, N over H·W·C, which gives section 6's (60, 1, 15, 3) for a (2,
+#     3, 4, 5) image; `TensorImpl::empty_tensor_restride` calls it for
+#     `MemoryFormat::ChannelsLast`.
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/LinearAlgebra.cpp
-#     search for `static Tensor _matmul_impl(`: `matmul` is this composite: 2-D @ 2-D is one `mm`, and its last branch, for batched operands, `expand`s both to the common batch shape, `reshape`s each to 3-D for one `bmm` and `_unsafe_view`s the result back: the six calls section 7 printed, whose two reshapes copy the permuted (B, H, S, D) views.
+#     search for `static Tensor _matmul_impl(`: `matmul` is this composite: 2-D @ 2-D is
+#     one `mm`, and its last branch, for batched operands, `expand`s both to the common
+#     batch shape, `reshape`s each to 3-D for one `bmm` and `_unsafe_view`s the result
+#     back: the six calls section 7 printed, whose two reshapes copy the permuted (B, H,
+#     S, D) views.
 # ```
 
 # %% [markdown]

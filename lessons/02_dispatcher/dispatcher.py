@@ -977,17 +977,48 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «folder»
 # torch/overrides.py:«line»  `def handle_torch_function(`
-#     The layer above the dispatcher: when an argument defines `__torch_function__` or a `TorchFunctionMode` is active, the call is handed to that `__torch_function__` as the Python function you called, before any ATen op runs (this is the version for functions written in Python; built-ins such as `torch.mm` use the C++ twin its docstring names). `class TorchFunctionMode`, further down, is the mode that sees section 2's spellings (`torch.matmul`, `F.linear`), which `OpLog`, a dispatch mode, never sees.
+#     The layer above the dispatcher: when an argument defines `__torch_function__` or a
+#     `TorchFunctionMode` is active, the call is handed to that `__torch_function__` as
+#     the Python function you called, before any ATen op runs (this is the version for
+#     functions written in Python; built-ins such as `torch.mm` use the C++ twin its
+#     docstring names). `class TorchFunctionMode`, further down, is the mode that sees
+#     section 2's spellings (`torch.matmul`, `F.linear`), which `OpLog`, a dispatch mode,
+#     never sees.
 # torch/include/ATen/core/dispatch/Dispatcher.h:«line»  `Return Dispatcher::call(`
-#     One call's whole path: the key set comes from the arguments through `getDispatchKeySetUnboxed` (which adds the thread's included keys and removes its excluded ones, in `DispatchKeyExtractor.h`), `lookup` finds the kernel of the highest key, and a profiler callback wraps it (`callWithDispatchKeySlowPath`). `Dispatcher::redispatch`, just below, is how a layer passes the call down, without the profiler: that is why section 4's profile counts `aten::addmm` once, not once per layer.
+#     One call's whole path: the key set comes from the arguments through
+#     `getDispatchKeySetUnboxed` (which adds the thread's included keys and removes its
+#     excluded ones, in `DispatchKeyExtractor.h`), `lookup` finds the kernel of the
+#     highest key, and a profiler callback wraps it (`callWithDispatchKeySlowPath`).
+#     `Dispatcher::redispatch`, just below, is how a layer passes the call down, without
+#     the profiler: that is why section 4's profile counts `aten::addmm` once, not once
+#     per layer.
 # torch/include/c10/core/DispatchKey.h:«line»  `enum class DispatchKey : uint16_t`
-#     The functionality keys in priority order, lowest first: `Dense` (the backend kernel, `CPU`), then `Python`, `Functionalize`, `ADInplaceOrView`, `AutogradFunctionality` (`AutogradCPU` for a CPU tensor), `AutocastCPU`, `FuncTorchBatched`, `PythonTLSSnapshot`: the keys of sections 3 and 6. A `DispatchKeySet` prints in this order, and the dispatcher runs the highest key the thread has not switched off first: autocast (when it is on), then autograd, then `ADInplaceOrView` (for view and in-place ops), then the CPU kernel.
+#     The functionality keys in priority order, lowest first: `Dense` (the backend kernel,
+#     `CPU`), then `Python`, `Functionalize`, `ADInplaceOrView`, `AutogradFunctionality`
+#     (`AutogradCPU` for a CPU tensor), `AutocastCPU`, `FuncTorchBatched`,
+#     `PythonTLSSnapshot`: the keys of sections 3 and 6. A `DispatchKeySet` prints in this
+#     order, and the dispatcher runs the highest key the thread has not switched off
+#     first: autocast (when it is on), then autograd, then `ADInplaceOrView` (for view and
+#     in-place ops), then the CPU kernel.
 # torch/utils/_python_dispatch.py:«line»  `class TorchDispatchMode`
-#     `OpLog`'s base class. `__enter__` ends in `_push_mode(self)`, which puts the mode on the thread's stack; while it is there the thread's included keys hold `Python` and `PythonTLSSnapshot`, so every ATen call that is not a composite (section 2: `matmul` has decomposed before this point) reaches the `Python` key once autograd (a higher key) has done its part, and that key calls your `__torch_dispatch__`.
+#     `OpLog`'s base class. `__enter__` ends in `_push_mode(self)`, which puts the mode on
+#     the thread's stack; while it is there the thread's included keys hold `Python` and
+#     `PythonTLSSnapshot`, so every ATen call that is not a composite (section 2: `matmul`
+#     has decomposed before this point) reaches the `Python` key once autograd (a higher
+#     key) has done its part, and that key calls your `__torch_dispatch__`.
 # torchgen/packaged/ATen/native/native_functions.yaml:«line»  `func: mm(Tensor self, Tensor mat2) -> Tensor`
-#     The entry of `aten::mm`, where section 2's spellings end: its `func:` line is the schema section 1 printed and, like `mul.Tensor`, it is `structured_delegate: mm.out`, whose entry just below names the C++ kernel of each backend (`CPU: mm_out_cpu`). Earlier in the file, `func: matmul(` has no `CPU:` line, only `CompositeImplicitAutograd: matmul` (and nested-tensor kernels): a composite, which a dispatch mode never sees.
+#     The entry of `aten::mm`, where section 2's spellings end: its `func:` line is the
+#     schema section 1 printed and, like `mul.Tensor`, it is `structured_delegate:
+#     mm.out`, whose entry just below names the C++ kernel of each backend (`CPU:
+#     mm_out_cpu`). Earlier in the file, `func: matmul(` has no `CPU:` line, only
+#     `CompositeImplicitAutograd: matmul` (and nested-tensor kernels): a composite, which
+#     a dispatch mode never sees.
 # torchgen/gen.py:«line»  `def gen_source_files(`
-#     Where the yaml becomes registration code: for each dispatch key it writes `Register{dispatch_key}.cpp` from the template `RegisterDispatchKey.cpp` (in 4 shards for CPU: the `RegisterCPU_<n>.cpp` in which section 1 found `mul.Tensor`'s CPU kernel), and further down `RegisterSchema.cpp`, which registers the schemas. `parse_native_yaml`, near the top, reads the yaml.
+#     Where the yaml becomes registration code: for each dispatch key it writes
+#     `Register{dispatch_key}.cpp` from the template `RegisterDispatchKey.cpp` (in 4
+#     shards for CPU: the `RegisterCPU_<n>.cpp` in which section 1 found `mul.Tensor`'s
+#     CPU kernel), and further down `RegisterSchema.cpp`, which registers the schemas.
+#     `parse_native_yaml`, near the top, reads the yaml.
 # ```
 
 # %% [markdown]

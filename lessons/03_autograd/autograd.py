@@ -1661,17 +1661,37 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «folder»
 # torch/autograd/graph.py:«line»  `class saved_tensors_hooks:`
-#     `__enter__` pushes your `pack_hook`/`unpack_hook` pair as the default for every tensor an operation saves inside the block (sections 3, 4 and 6 used it to keep, count or see saved tensors); `class Node` at the top of the file is the interface every `grad_fn` answers to: `name()`, `next_functions`, `register_hook`.
+#     `__enter__` pushes your `pack_hook`/`unpack_hook` pair as the default for every
+#     tensor an operation saves inside the block (sections 3, 4 and 6 used it to keep,
+#     count or see saved tensors); `class Node` at the top of the file is the interface
+#     every `grad_fn` answers to: `name()`, `next_functions`, `register_hook`.
 # torch/include/c10/core/TensorImpl.h:«line»  `struct C10_API VariableVersion`
-#     The counter behind `x._version`: `bump()` adds one, and the note [ Version Counter Sharing ] just above says when (every in-place operation) and who shares one counter: a view and `x.detach()` share their base's, `x.data` does not.
+#     The counter behind `x._version`: `bump()` adds one, and the note [ Version Counter
+#     Sharing ] just above says when (every in-place operation) and who shares one
+#     counter: a view and `x.detach()` share their base's, `x.data` does not.
 # torch/include/torch/csrc/autograd/saved_variable.h:«line»  `class TORCH_API SavedVariable {`
-#     What a node keeps per saved tensor: `saved_version_` is the tensor's version when it was saved, and `unpack()` (its body is in `saved_variable.cpp`, not in the wheel) raises section 3's error when the current version differs. With saved-tensor hooks, `hooks_` keeps what `pack_hook` returned, `data_` stays empty and that check is skipped: section 3's silent 12.0.
+#     What a node keeps per saved tensor: `saved_version_` is the tensor's version when it
+#     was saved, and `unpack()` (its body is in `saved_variable.cpp`, not in the wheel)
+#     raises section 3's error when the current version differs. With saved-tensor hooks,
+#     `hooks_` keeps what `pack_hook` returned, `data_` stays empty and that check is
+#     skipped: section 3's silent 12.0.
 # torch/include/torch/csrc/autograd/engine.h:«line»  `struct TORCH_API Engine {`
-#     `execute()` takes the roots (the loss's `grad_fn`), `keep_graph` (what `retain_graph` sets) and `create_graph`. In `engine.cpp` (not in the wheel) `compute_dependencies` counts the edges into each node, and a node runs once all of them have delivered, their gradients summed (how `W`'s three uses meet in one `AccumulateGrad`); among the ready nodes, the `ReadyQueue` above runs the one with the highest `sequence_nr` first (`AccumulateGrad` nodes, then the operation recorded latest in forward).
+#     `execute()` takes the roots (the loss's `grad_fn`), `keep_graph` (what
+#     `retain_graph` sets) and `create_graph`. In `engine.cpp` (not in the wheel)
+#     `compute_dependencies` counts the edges into each node, and a node runs once all of
+#     them have delivered, their gradients summed (how `W`'s three uses meet in one
+#     `AccumulateGrad`); among the ready nodes, the `ReadyQueue` above runs the one with
+#     the highest `sequence_nr` first (`AccumulateGrad` nodes, then the operation recorded
+#     latest in forward).
 # torch/autograd/function.py:«line»  `def mark_dirty(`
-#     `mark_dirty` only records the tensors (`self.dirty_tensors`); autograd then re-records each as an output of the Function, which is why `b.grad_fn` became `DoubleInPlaceBackward` and the gradient 10 in section 5.
+#     `mark_dirty` only records the tensors (`self.dirty_tensors`); autograd then
+#     re-records each as an output of the Function, which is why `b.grad_fn` became
+#     `DoubleInPlaceBackward` and the gradient 10 in section 5.
 # torch/utils/checkpoint.py:«line»  `def checkpoint(`
-#     Without `use_reentrant` it warns and takes `True`: `CheckpointFunction`, whose forward runs the block under `torch.no_grad()`. `False` goes through `_checkpoint_without_reentrant_generator`, which records the block normally and swaps what it saves through `_checkpoint_hook`, a `saved_tensors_hooks` subclass.
+#     Without `use_reentrant` it warns and takes `True`: `CheckpointFunction`, whose
+#     forward runs the block under `torch.no_grad()`. `False` goes through
+#     `_checkpoint_without_reentrant_generator`, which records the block normally and
+#     swaps what it saves through `_checkpoint_hook`, a `saved_tensors_hooks` subclass.
 # ```
 
 # %% [markdown]

@@ -1354,17 +1354,36 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «folder»
 # torch/nn/modules/module.py:«line»  `def __setattr__(`
-#     A `Parameter` goes through `register_parameter` into `_parameters`, a `Module` into `_modules`, a `Buffer` (or a tensor assigned to a name already in `_buffers`) into `_buffers`; anything else, a plain list of layers or a plain tensor, reaches the final `super().__setattr__` and lands in `__dict__`, where `parameters()`, `state_dict()` and `.to()` never look.
+#     A `Parameter` goes through `register_parameter` into `_parameters`, a `Module` into
+#     `_modules`, a `Buffer` (or a tensor assigned to a name already in `_buffers`) into
+#     `_buffers`; anything else, a plain list of layers or a plain tensor, reaches the
+#     final `super().__setattr__` and lands in `__dict__`, where `parameters()`,
+#     `state_dict()` and `.to()` never look.
 # torch/autograd/grad_mode.py:«line»  `class inference_mode(`
-#     `no_grad.__enter__` (above it) only turns this thread's grad mode off with `torch.set_grad_enabled(False)`, and `inference_mode.__enter__` enters the C++ `torch._C._InferenceMode` guard; neither touches a module's `training` flag (a warning in `inference_mode`'s docstring says you must still call `model.eval()`), hence section 4's two independent pairs of columns.
+#     `no_grad.__enter__` (above it) only turns this thread's grad mode off with
+#     `torch.set_grad_enabled(False)`, and `inference_mode.__enter__` enters the C++
+#     `torch._C._InferenceMode` guard; neither touches a module's `training` flag (a
+#     warning in `inference_mode`'s docstring says you must still call `model.eval()`),
+#     hence section 4's two independent pairs of columns.
 # torch/optim/optimizer.py:«line»  `def load_state_dict(`
-#     It checks the number of groups and the length of each (section 6's two errors), then `id_map` pairs the saved positions with this optimizer's parameters in order: the state goes by position, whatever the shapes, which is how a (16,) bias got a (16, 8) `exp_avg`.
+#     It checks the number of groups and the length of each (section 6's two errors), then
+#     `id_map` pairs the saved positions with this optimizer's parameters in order: the
+#     state goes by position, whatever the shapes, which is how a (16,) bias got a (16, 8)
+#     `exp_avg`.
 # torch/utils/data/sampler.py:«line»  `class RandomSampler(`
-#     `__iter__` yields one `torch.randperm(n)` per epoch from `self.generator`; without one it first draws a seed from the global RNG, which is why `torch.manual_seed` alone repeated a shuffled loader's order in section 12.
+#     `__iter__` yields one `torch.randperm(n)` per epoch from `self.generator`; without
+#     one it first draws a seed from the global RNG, which is why `torch.manual_seed`
+#     alone repeated a shuffled loader's order in section 12.
 # torch/utils/data/dataloader.py:«line»  `class _MultiProcessingDataLoaderIter(`
-#     `_reset` primes the workers with `prefetch_factor * num_workers` calls of `_try_put_index`, and `_process_data` puts one more for every batch received (section 11's 4, then 5); the `_base_seed` the workers' seeds start from is drawn from the loader's `generator` in `_BaseDataLoaderIter.__init__`, above it.
+#     `_reset` primes the workers with `prefetch_factor * num_workers` calls of
+#     `_try_put_index`, and `_process_data` puts one more for every batch received
+#     (section 11's 4, then 5); the `_base_seed` the workers' seeds start from is drawn
+#     from the loader's `generator` in `_BaseDataLoaderIter.__init__`, above it.
 # torch/utils/data/_utils/worker.py:«line»  `def _worker_loop(`
-#     Before its first item a worker seeds `random` and torch with `base_seed + worker_id`, NumPy's global RNG with `_generate_state(base_seed, worker_id)`, records the seed in `WorkerInfo` and calls your `worker_init_fn`; nothing here reseeds a generator your dataset made itself, hence section 9's repeated draws.
+#     Before its first item a worker seeds `random` and torch with `base_seed +
+#     worker_id`, NumPy's global RNG with `_generate_state(base_seed, worker_id)`, records
+#     the seed in `WorkerInfo` and calls your `worker_init_fn`; nothing here reseeds a
+#     generator your dataset made itself, hence section 9's repeated draws.
 # ```
 
 # %% [markdown]

@@ -1313,17 +1313,41 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «folder»
 # torch/include/ATen/autocast_mode.h:«line»  `#define AT_FORALL_FP32(_)`
-#     The float32 list that CUDA autocast registers: `layer_norm` and `nll_loss` are in it, `softmax` and `log_softmax` are in `AT_FORALL_FP32_SET_OPT_DTYPE` just below, and `cross_entropy_loss` is in neither, so on CUDA it falls through and decomposes. `enum class CastPolicy`, further up, says what each list's rule does: `fp32` casts the inputs up, `fp32_set_opt_dtype` only fills in a `dtype` argument the call left unset (`set_opt_dtype`, just above it, keeps one that is set, as in section 4's `log_softmax` call).
+#     The float32 list that CUDA autocast registers: `layer_norm` and `nll_loss` are in
+#     it, `softmax` and `log_softmax` are in `AT_FORALL_FP32_SET_OPT_DTYPE` just below,
+#     and `cross_entropy_loss` is in neither, so on CUDA it falls through and decomposes.
+#     `enum class CastPolicy`, further up, says what each list's rule does: `fp32` casts
+#     the inputs up, `fp32_set_opt_dtype` only fills in a `dtype` argument the call left
+#     unset (`set_opt_dtype`, just above it, keeps one that is set, as in section 4's
+#     `log_softmax` call).
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/autocast_mode.cpp
-#     search for `TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)`: CPU autocast's own lists, op by op: `mm` and `linear` under `lower_precision_fp`, `cross_entropy_loss` and `nll_loss` under `fp32`, no `softmax` and no `layer_norm`. Higher up, `cached_cast` keeps the low-precision copy of a float32 leaf that requires grad (a weight) and casts every other tensor anew at each op.
+#     search for `TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)`: CPU autocast's own lists, op
+#     by op: `mm` and `linear` under `lower_precision_fp`, `cross_entropy_loss` and
+#     `nll_loss` under `fp32`, no `softmax` and no `layer_norm`. Higher up, `cached_cast`
+#     keeps the low-precision copy of a float32 leaf that requires grad (a weight) and
+#     casts every other tensor anew at each op.
 # torch/amp/autocast_mode.py:«line»  `def __exit__(`
-#     Leaving the outermost autocast region (`autocast_decrement_nesting() == 0`) calls `torch.clear_autocast_cache()`: the cached weight copies are dropped, so the next region casts every weight again.
+#     Leaving the outermost autocast region (`autocast_decrement_nesting() == 0`) calls
+#     `torch.clear_autocast_cache()`: the cached weight copies are dropped, so the next
+#     region casts every weight again.
 # torch/amp/grad_scaler.py:«line»  `def unscale_(`
-#     Multiplies the gradients by the reciprocal of the scale (computed in float64, except on MPS) through `_unscale_grads_`, which, called from here with `allow_fp16=False`, refuses float16 gradients, and records the stage `UNSCALED` so that `step()` does not divide again; `_maybe_opt_step` below calls `optimizer.step()` only when no inf/NaN was found, and `update()` hands the scale to `torch._amp_update_scale_`.
+#     Multiplies the gradients by the reciprocal of the scale (computed in float64, except
+#     on MPS) through `_unscale_grads_`, which, called from here with `allow_fp16=False`,
+#     refuses float16 gradients, and records the stage `UNSCALED` so that `step()` does
+#     not divide again; `_maybe_opt_step` below calls `optimizer.step()` only when no
+#     inf/NaN was found, and `update()` hands the scale to `torch._amp_update_scale_`.
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp
-#     search for `_amp_update_scale_cpu_kernel(`: the skip/halve/double rule on the CPU: after an inf/NaN the scale is multiplied by `backoff_factor` and the growth tracker reset to 0; otherwise the tracker counts the clean step, and when it reaches `growth_interval` the scale is multiplied by `growth_factor` (unless that would overflow) and the tracker restarts.
+#     search for `_amp_update_scale_cpu_kernel(`: the skip/halve/double rule on the CPU:
+#     after an inf/NaN the scale is multiplied by `backoff_factor` and the growth tracker
+#     reset to 0; otherwise the tracker counts the clean step, and when it reaches
+#     `growth_interval` the scale is multiplied by `growth_factor` (unless that would
+#     overflow) and the tracker restarts.
 # torch/optim/adam.py:«line»  `def _single_tensor_adam(`
-#     The per-parameter loop that `torch.optim.AdamW` (an `Adam` with `decoupled_weight_decay=True`) runs on CPU tensors by default: `param.mul_(1 - lr * weight_decay)`, `exp_avg.lerp_(grad, 1 - beta1)`, and the bias corrections folded into `step_size` and `denom` before one `addcdiv_`, the rearrangement behind section 7's rounding-level gap.
+#     The per-parameter loop that `torch.optim.AdamW` (an `Adam` with
+#     `decoupled_weight_decay=True`) runs on CPU tensors by default: `param.mul_(1 - lr *
+#     weight_decay)`, `exp_avg.lerp_(grad, 1 - beta1)`, and the bias corrections folded
+#     into `step_size` and `denom` before one `addcdiv_`, the rearrangement behind section
+#     7's rounding-level gap.
 # ```
 
 # %% [markdown]

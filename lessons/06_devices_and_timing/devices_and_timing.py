@@ -1336,17 +1336,36 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «folder»
 # torch/_tensor.py:«line»  `def __format__(`
-#     A 0-d tensor (a plain `Tensor`, not a subclass, not on the meta device) is formatted as `self.detach().item()`: an f-string of the loss is a host read, the `aten::detach` and `aten::item` that section 4 found in its `format` region.
+#     A 0-d tensor (a plain `Tensor`, not a subclass, not on the meta device) is formatted
+#     as `self.detach().item()`: an f-string of the loss is a host read, the
+#     `aten::detach` and `aten::item` that section 4 found in its `format` region.
 # torchgen/packaged/ATen/native/native_functions.yaml:«line»  `func: _local_scalar_dense(Tensor self) -> Scalar`
-#     The op that reads one value into Python, with a kernel per device (CPU, CUDA, MPS); the CUDA kernel copies the value to the host and waits for the stream. `func: item`, a few entries above, has no `dispatch:` of its own: it is a composite that calls this op.
+#     The op that reads one value into Python, with a kernel per device (CPU, CUDA, MPS);
+#     the CUDA kernel copies the value to the host and waits for the stream. `func: item`,
+#     a few entries above, has no `dispatch:` of its own: it is a composite that calls
+#     this op.
 # torch/utils/benchmark/utils/timer.py:«line»  `def _estimate_block_size(`
-#     How `blocked_autorange` (just below) picks its block: 1, 10, 100, ... calls, until the timer's own overhead is at most 1e-4 of a block and a block lasts `min_run_time / 1000` (or one block outlasts `min_run_time`); these runs are its warm-up. `timer()` at the top of the file synchronises the accelerator before reading the clock, and `Timer.__init__` defaults to `num_threads=1`.
+#     How `blocked_autorange` (just below) picks its block: 1, 10, 100, ... calls, until
+#     the timer's own overhead is at most 1e-4 of a block and a block lasts `min_run_time
+#     / 1000` (or one block outlasts `min_run_time`); these runs are its warm-up.
+#     `timer()` at the top of the file synchronises the accelerator before reading the
+#     clock, and `Timer.__init__` defaults to `num_threads=1`.
 # torch/profiler/profiler.py:«line»  `def schedule(`
-#     `schedule_fn` turns a step number into NONE, WARMUP, RECORD or, on a cycle's last active step, RECORD_AND_SAVE, and returns NONE once `repeat` cycles are done (`repeat=0`, the default, cycles for ever); `profile.step()` asks it about the next step, and `action_map` calls `on_trace_ready` when RECORD_AND_SAVE ends.
+#     `schedule_fn` turns a step number into NONE, WARMUP, RECORD or, on a cycle's last
+#     active step, RECORD_AND_SAVE, and returns NONE once `repeat` cycles are done
+#     (`repeat=0`, the default, cycles for ever); `profile.step()` asks it about the next
+#     step, and `action_map` calls `on_trace_ready` when RECORD_AND_SAVE ends.
 # torch/utils/flop_counter.py:«line»  `def mm_flop(`
-#     `m * n * 2 * k`, section 6's 2·m·k·n, registered for `aten.mm`; `addmm_flop` reuses it, so a bias add counts nothing. `FlopCounterMode._count_flops` adds a count only for an op with a formula in `flop_registry`, and `_FlopCounterMode.__torch_dispatch__` first decomposes an op without one, where it can: nothing the embedding runs has one, so it counts 0.
+#     `m * n * 2 * k`, section 6's 2·m·k·n, registered for `aten.mm`; `addmm_flop` reuses
+#     it, so a bias add counts nothing. `FlopCounterMode._count_flops` adds a count only
+#     for an op with a formula in `flop_registry`, and
+#     `_FlopCounterMode.__torch_dispatch__` first decomposes an op without one, where it
+#     can: nothing the embedding runs has one, so it counts 0.
 # torch/cuda/memory.py:«line»  `def memory_reserved(`
-#     It reads `reserved_bytes.all.current` from the caching allocator's `memory_stats()`, where `memory_allocated`, two functions above, reads `allocated_bytes.all.current`: bytes held from CUDA against bytes in live tensors. `empty_cache`, near the top of the file, releases the cached memory that no tensor occupies.
+#     It reads `reserved_bytes.all.current` from the caching allocator's `memory_stats()`,
+#     where `memory_allocated`, two functions above, reads `allocated_bytes.all.current`:
+#     bytes held from CUDA against bytes in live tensors. `empty_cache`, near the top of
+#     the file, releases the cached memory that no tensor occupies.
 # ```
 
 # %% [markdown]

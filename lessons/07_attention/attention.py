@@ -1114,19 +1114,48 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «path»
+# torch 2.13.0 installed in «folder»
 # torch/nn/functional.py:«line»  `scaled_dot_product_attention = _add_docstr(`
-#     Only a docstring on the C++ op, whose reference code is section 2's `formula` with every option: scale `1 / math.sqrt(query.size(-1))`, a boolean mask turned into `-inf` where it is False and a float mask added (section 3), `is_causal` as `ones(L, S).tril(diagonal=0)`, which for L < S is section 4's upper-left alignment, `repeat_interleave` for GQA (section 6) and `torch.dropout(..., train=True)`, blind to `eval()` (section 5). Its plain softmax gives NaN for a fully masked row, where SDPA gives 0 (section 7).
+#     Only a docstring on the C++ op, whose reference code is section 2's `formula` with
+#     every option: scale `1 / math.sqrt(query.size(-1))`, a boolean mask turned into
+#     `-inf` where it is False and a float mask added (section 3), `is_causal` as `ones(L,
+#     S).tril(diagonal=0)`, which for L < S is section 4's upper-left alignment,
+#     `repeat_interleave` for GQA (section 6) and `torch.dropout(..., train=True)`, blind
+#     to `eval()` (section 5). Its plain softmax gives NaN for a fully masked row, where
+#     SDPA gives 0 (section 7).
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/transformers/attention.cpp
-#     search for `std::tuple<Tensor, Tensor> _scaled_dot_product_attention_math(`: The math backend: fp16 and bf16 inputs go `.to(at::kFloat)` first (section 7's three `_to_copy`), `pre_process_group_query_attention_input` copies K and V with `repeat_interleave` (section 6, and its cut-short head-count message), and `at::_safe_softmax` writes 0 for fully masked rows. It multiplies Q and K each by the square root of the scale before their product, where `formula` divides the product: the same in exact arithmetic, a different rounding, hence section 2's bound.
+#     search for `std::tuple<Tensor, Tensor> _scaled_dot_product_attention_math(`: The
+#     math backend: fp16 and bf16 inputs go `.to(at::kFloat)` first (section 7's three
+#     `_to_copy`), `pre_process_group_query_attention_input` copies K and V with
+#     `repeat_interleave` (section 6, and its cut-short head-count message), and
+#     `at::_safe_softmax` writes 0 for fully masked rows. It multiplies Q and K each by
+#     the square root of the scale before their product, where `formula` divides the
+#     product: the same in exact arithmetic, a different rounding, hence section 2's
+#     bound.
 # torchgen/packaged/autograd/derivatives.yaml:«line»  `name: _scaled_dot_product_flash_attention_for_cpu(`
-#     The CPU flash kernel's autograd entry: of `(output, logsumexp)` only the output is differentiable, and the backward op gets `query, key, value, output, logsumexp` and `attn_mask` (None in section 2): the tensors section 2 found saved, none of size S x S. The math backend has no entry: it is composite, so autograd records the ops it runs, probabilities included.
+#     The CPU flash kernel's autograd entry: of `(output, logsumexp)` only the output is
+#     differentiable, and the backward op gets `query, key, value, output, logsumexp` and
+#     `attn_mask` (None in section 2): the tensors section 2 found saved, none of size S x
+#     S. The math backend has no entry: it is composite, so autograd records the ops it
+#     runs, probabilities included.
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/cpu/FlashAttentionKernel.cpp
-#     search for `void cpu_flash_attention(`: The online softmax of section 1: for each block of queries, a loop over blocks of keys keeps `qk_max` and `qk_sum` per row and rescales the partial output `dst` by `exp(old max - new max)`. After the loop a row whose sum is 0 (every key masked) is divided by 1, so it outputs 0 (section 7), and `max + log(sum)` is stored as the `logsumexp` that backward uses (section 2).
+#     search for `void cpu_flash_attention(`: The online softmax of section 1: for each
+#     block of queries, a loop over blocks of keys keeps `qk_max` and `qk_sum` per row and
+#     rescales the partial output `dst` by `exp(old max - new max)`. After the loop a row
+#     whose sum is 0 (every key masked) is divided by 1, so it outputs 0 (section 7), and
+#     `max + log(sum)` is stored as the `logsumexp` that backward uses (section 2).
 # torch/nn/attention/__init__.py:«line»  `def sdpa_kernel(`
-#     `_sdpa_kernel`, just above, switches one flag per backend (`torch._C._set_sdp_use_flash`, `..._math`, ...) on or off by whether it is in your list, and the `finally` restores the previous flags: it only sets which backends are candidates, it cannot make a kernel accept inputs it refuses. With no candidate left, section 7's "No viable backend" follows.
+#     `_sdpa_kernel`, just above, switches one flag per backend
+#     (`torch._C._set_sdp_use_flash`, `..._math`, ...) on or off by whether it is in your
+#     list, and the `finally` restores the previous flags: it only sets which backends are
+#     candidates, it cannot make a kernel accept inputs it refuses. With no candidate
+#     left, section 7's "No viable backend" follows.
 # torch/nn/attention/flex_attention.py:«line»  `def create_block_mask(`
-#     It evaluates your `mask_mod` into a dense mask with `create_mask`, then `_convert_mask_to_block_mask` (above) sums each 128 x 128 block: all kept is a full block, none kept is skipped, anything between is a partial block, masked inside. `BlockMask.sparsity` is the skipped share (section 8), and `_validate_device`, below, raises section 8's error for CPU inputs that require grad.
+#     It evaluates your `mask_mod` into a dense mask with `create_mask`, then
+#     `_convert_mask_to_block_mask` (above) sums each 128 x 128 block: all kept is a full
+#     block, none kept is skipped, anything between is a partial block, masked inside.
+#     `BlockMask.sparsity` is the skipped share (section 8), and `_validate_device`,
+#     below, raises section 8's error for CPU inputs that require grad.
 # ```
 
 # %% [markdown]

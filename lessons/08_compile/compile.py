@@ -1401,17 +1401,63 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «folder»
 # torch/_dynamo/eval_frame.py:«line»  `def _callback_from_stance(`
-#     A compiled function is `compile_wrapper`, in `_TorchDynamoContext.__call__` below: around each call it installs Dynamo's frame hook with `_maybe_set_eval_frame(_callback_from_stance(callback))`, so the stance is read at every call, not when `torch.compile` ran. Here `force_eager` turns the callback into None (no Dynamo), `eager_on_recompile` into False (run what is cached, compile nothing) and `fail_on_recompile` into `fail_callback`, which raises section 4's `Detected recompile ...` with the failed guards for a frame that holds tensors. The hook calls it only when no cached graph's guards pass, so a first compile raises too.
+#     A compiled function is `compile_wrapper`, in `_TorchDynamoContext.__call__` below:
+#     around each call it installs Dynamo's frame hook with
+#     `_maybe_set_eval_frame(_callback_from_stance(callback))`, so the stance is read at
+#     every call, not when `torch.compile` ran. Here `force_eager` turns the callback into
+#     None (no Dynamo), `eager_on_recompile` into False (run what is cached, compile
+#     nothing) and `fail_on_recompile` into `fail_callback`, which raises section 4's
+#     `Detected recompile ...` with the failed guards for a frame that holds tensors. The
+#     hook calls it only when no cached graph's guards pass, so a first compile raises
+#     too.
 # torch/_dynamo/symbolic_convert.py:«line»  `def break_graph_if_unsupported(`
-#     The decorator on the bytecode handlers that may break a graph (`CALL`, `COMPARE_OP`, `STORE_ATTR`, ...). When tracing the instruction raises `Unsupported`, `wrapper` logs the graph break and restarts the analysis; on the second pass `handle_graph_break` compiles the graph traced so far (`compile_subgraph`), emits the instruction itself for Python to run, then a call to a generated function that resumes tracing after it (`create_call_resume_at`): section 3's 3 graphs and 2 breaks. With `fullgraph=True`, `should_compile_partial_graph()` is False and the `Unsupported` is raised instead.
+#     The decorator on the bytecode handlers that may break a graph (`CALL`, `COMPARE_OP`,
+#     `STORE_ATTR`, ...). When tracing the instruction raises `Unsupported`, `wrapper`
+#     logs the graph break and restarts the analysis; on the second pass
+#     `handle_graph_break` compiles the graph traced so far (`compile_subgraph`), emits
+#     the instruction itself for Python to run, then a call to a generated function that
+#     resumes tracing after it (`create_call_resume_at`): section 3's 3 graphs and 2
+#     breaks. With `fullgraph=True`, `should_compile_partial_graph()` is False and the
+#     `Unsupported` is raised instead.
 # torch/_dynamo/guards.py:«line»  `def get_guard_fail_reason(`
-#     Called for each cached graph when a call passes none of them, by `get_and_maybe_log_recompilation_reasons` below (what `TORCH_LOGS=recompiles` prints). `get_guard_fail_reason_helper`, above, reruns the graph's guards verbosely, keeps the first that failed, the guard's own code (section 1's `scale == 2.0`) or a tensor check's message (section 4's `tensor 'x' rank mismatch ...`), and puts the compile id in front (`0/0: `). This function appends that line to `guard_failures`, the record section 1 reads, unless `skip_logging` is set, as the `fail_on_recompile` stance does.
+#     Called for each cached graph when a call passes none of them, by
+#     `get_and_maybe_log_recompilation_reasons` below (what `TORCH_LOGS=recompiles`
+#     prints). `get_guard_fail_reason_helper`, above, reruns the graph's guards verbosely,
+#     keeps the first that failed, the guard's own code (section 1's `scale == 2.0`) or a
+#     tensor check's message (section 4's `tensor 'x' rank mismatch ...`), and puts the
+#     compile id in front (`0/0: `). This function appends that line to `guard_failures`,
+#     the record section 1 reads, unless `skip_logging` is set, as the `fail_on_recompile`
+#     stance does.
 # torch/_functorch/aot_autograd.py:«line»  `def aot_module_simplified(`
-#     What `aot_eager`, section 5's `aot_autograd(fw_compiler=...)` and Inductor all call with Dynamo's graph. With a compiler that can be serialized (Inductor's) it first asks AOTAutograd's cache, `AOTAutogradCache.try_load`, whose key section 6 listed. Otherwise `create_aot_state` (its docstring outlines the plan) and `aot_stage1_graph_capture` trace the ATen graph, joint forward and backward when gradients are needed, functionalized and decomposed (section 5: `add_` became `add`; with the core table `silu` became `sigmoid` and `mul`). When gradients are needed, `aot_stage2_compile` then splits the joint graph with `partition_fn` and hands forward and backward to their compilers, wrapped in one `torch.autograd.Function`; without gradients one forward graph goes to the inference compiler.
+#     What `aot_eager`, section 5's `aot_autograd(fw_compiler=...)` and Inductor all call
+#     with Dynamo's graph. With a compiler that can be serialized (Inductor's) it first
+#     asks AOTAutograd's cache, `AOTAutogradCache.try_load`, whose key section 6 listed.
+#     Otherwise `create_aot_state` (its docstring outlines the plan) and
+#     `aot_stage1_graph_capture` trace the ATen graph, joint forward and backward when
+#     gradients are needed, functionalized and decomposed (section 5: `add_` became `add`;
+#     with the core table `silu` became `sigmoid` and `mul`). When gradients are needed,
+#     `aot_stage2_compile` then splits the joint graph with `partition_fn` and hands
+#     forward and backward to their compilers, wrapped in one `torch.autograd.Function`;
+#     without gradients one forward graph goes to the inference compiler.
 # torch/_inductor/compile_fx.py:«line»  `def compile_fx(`
-#     Inductor as a backend (`backend="inductor"` calls it; its docstring says it calls into AOTAutograd). `_compile_fx_main`, below, wraps `compile_fx_inner` as the forward and backward compilers and passes Inductor's own decomposition table (`select_decomp_table()`) to the same `aot_autograd` helper section 5 used. The lowering is `_InProcessFxCompile.codegen_and_compile`: `GraphLowering(gm, ...)`, `graph.run(*example_inputs)` over the ATen graph, then `graph.compile_to_module()`, which generates section 6's wrapper and kernel and loads them. It runs only when neither AOTAutograd's cache nor Inductor's FX graph cache already holds the graph.
+#     Inductor as a backend (`backend="inductor"` calls it; its docstring says it calls
+#     into AOTAutograd). `_compile_fx_main`, below, wraps `compile_fx_inner` as the
+#     forward and backward compilers and passes Inductor's own decomposition table
+#     (`select_decomp_table()`) to the same `aot_autograd` helper section 5 used. The
+#     lowering is `_InProcessFxCompile.codegen_and_compile`: `GraphLowering(gm, ...)`,
+#     `graph.run(*example_inputs)` over the ATen graph, then `graph.compile_to_module()`,
+#     which generates section 6's wrapper and kernel and loads them. It runs only when
+#     neither AOTAutograd's cache nor Inductor's FX graph cache already holds the graph.
 # torch/_dynamo/backends/distributed.py:«line»  `class DDPOptimizer:`
-#     Its docstring, Note [DDPOptimizer], gives the reason for section 9's split: one compiled backward makes every gradient ready at once. `compile_fn` walks the forward graph from the end, adds the bytes of each parameter a node uses to the current bucket and, once that bucket holds `bucket_bytes_cap` bytes (the first from the end: `first_bucket_cap`, by default `dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB) and feeds a later node, starts a new one. With more than one bucket it splits the graph (`split_module`) and compiles each piece with your backend: section 9's four graphs. `CatchErrorsWrapper.__call__` in `convert_frame.py` puts it in place while a DDP module's forward runs.
+#     Its docstring, Note [DDPOptimizer], gives the reason for section 9's split: one
+#     compiled backward makes every gradient ready at once. `compile_fn` walks the forward
+#     graph from the end, adds the bytes of each parameter a node uses to the current
+#     bucket and, once that bucket holds `bucket_bytes_cap` bytes (the first from the end:
+#     `first_bucket_cap`, by default `dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB) and feeds
+#     a later node, starts a new one. With more than one bucket it splits the graph
+#     (`split_module`) and compiles each piece with your backend: section 9's four graphs.
+#     `CatchErrorsWrapper.__call__` in `convert_frame.py` puts it in place while a DDP
+#     module's forward runs.
 # ```
 
 # %% [markdown]

@@ -577,17 +577,41 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «folder»
 # torch/distributed/rendezvous.py:«line»  `def _env_rendezvous_handler(`
-#     What `init_process_group` runs when given neither `init_method` nor `store` (`env://`): it reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` from the environment torchrun set (raising 'environment variable ... expected, but not set' when one is missing), then `_create_c10d_store` opens a TCPStore at that address, the key-value store through which the ranks meet.
+#     What `init_process_group` runs when given neither `init_method` nor `store`
+#     (`env://`): it reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` from the
+#     environment torchrun set (raising 'environment variable ... expected, but not set'
+#     when one is missing), then `_create_c10d_store` opens a TCPStore at that address,
+#     the key-value store through which the ranks meet.
 # torch/distributed/device_mesh.py:«line»  `def init_device_mesh(`
-#     It builds a layout from `mesh_shape` and the identity rank map `torch.arange(n)` over the mesh's n ranks, and `DeviceMesh.__init__` calls `_init_process_groups`: one process group per mesh dimension. For a 1-D mesh over the whole world, `_init_one_process_group` uses the default group itself (a new group only when CUDA is available and the default group is gloo), and `get_local_rank('dp')` is this rank's rank in that group: the printed mesh coordinate.
+#     It builds a layout from `mesh_shape` and the identity rank map `torch.arange(n)`
+#     over the mesh's n ranks, and `DeviceMesh.__init__` calls `_init_process_groups`: one
+#     process group per mesh dimension. For a 1-D mesh over the whole world,
+#     `_init_one_process_group` uses the default group itself (a new group only when CUDA
+#     is available and the default group is gloo), and `get_local_rank('dp')` is this
+#     rank's rank in that group: the printed mesh coordinate.
 # torch/distributed/tensor/_redistribute.py:«line»  `def redistribute_local_tensor(`
-#     The loop over the planned steps, one mesh dimension at a time. Towards `Replicate`, a Partial source calls `_reduce_value` and a Shard source `_to_replicate_tensor` (an all-gather); towards `Shard`, a Partial source calls `_reduce_shard_value` and a Replicate source `_replicate_to_shard`, which only takes its own slice, locally: the four rows of section 3, the last one sending nothing.
+#     The loop over the planned steps, one mesh dimension at a time. Towards `Replicate`,
+#     a Partial source calls `_reduce_value` and a Shard source `_to_replicate_tensor` (an
+#     all-gather); towards `Shard`, a Partial source calls `_reduce_shard_value` and a
+#     Replicate source `_replicate_to_shard`, which only takes its own slice, locally: the
+#     four rows of section 3, the last one sending nothing.
 # torch/distributed/tensor/placement_types.py:«line»  `class Partial(`
-#     `_reduce_value` is one `funcol.all_reduce` over the mesh dimension's group, and `_reduce_shard_value` hands over to `Shard._reduce_shard_tensor`, a `funcol.reduce_scatter_single`. These functional collectives run `_c10d_functional.all_reduce` and `reduce_scatter_tensor`, the names `CommDebugMode` counted.
+#     `_reduce_value` is one `funcol.all_reduce` over the mesh dimension's group, and
+#     `_reduce_shard_value` hands over to `Shard._reduce_shard_tensor`, a
+#     `funcol.reduce_scatter_single`. These functional collectives run
+#     `_c10d_functional.all_reduce` and `reduce_scatter_tensor`, the names `CommDebugMode`
+#     counted.
 # torch/distributed/tensor/_ops/_matrix_ops.py:«line»  `def gen_single_dim_einsum_strategies(`
-#     The sharding rules of `mm` (`mk,kn->mn`, registered by `mm_single_dim_strategy` below). The 'split contracting dim' loop makes the output `Partial()` when both inputs are sharded on k (a's dim 1, b's dim 0): why section 4's `a @ b` came out P(sum) with no message.
+#     The sharding rules of `mm` (`mk,kn->mn`, registered by `mm_single_dim_strategy`
+#     below). The 'split contracting dim' loop makes the output `Partial()` when both
+#     inputs are sharded on k (a's dim 1, b's dim 0): why section 4's `a @ b` came out
+#     P(sum) with no message.
 # torch/distributed/distributed_c10d.py:«line»  `def _create_process_group_wrapper(`
-#     `_new_process_group_helper` calls it only when the debug level is DETAIL at the moment a group is made: it wraps the group's backend in a `_ProcessGroupWrapper`, with a gloo helper group that checks each collective against the other ranks' before it runs. The level counts when the group is made, which is why the worker sets it around one `new_group`.
+#     `_new_process_group_helper` calls it only when the debug level is DETAIL at the
+#     moment a group is made: it wraps the group's backend in a `_ProcessGroupWrapper`,
+#     with a gloo helper group that checks each collective against the other ranks' before
+#     it runs. The level counts when the group is made, which is why the worker sets it
+#     around one `new_group`.
 # ```
 
 # %% [markdown]

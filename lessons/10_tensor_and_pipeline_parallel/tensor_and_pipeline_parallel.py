@@ -592,15 +592,34 @@ read_the_source([
 # ```text
 # torch 2.13.0 installed in «folder»
 # torch/distributed/tensor/parallel/style.py:«line»  `class ColwiseParallel(`
-#     `_partition_linear_fn` distributes the weight and the bias as `Shard(0)`, and `__init__` defaults to a `Replicate()` input and a `Shard(-1)` output. In `RowwiseParallel`, just below, the weight is `Shard(1)`, the bias `Replicate()`, the input defaults to `Shard(-1)` and the output to `Replicate()`: defaults that assume colwise first.
+#     `_partition_linear_fn` distributes the weight and the bias as `Shard(0)`, and
+#     `__init__` defaults to a `Replicate()` input and a `Shard(-1)` output. In
+#     `RowwiseParallel`, just below, the weight is `Shard(1)`, the bias `Replicate()`, the
+#     input defaults to `Shard(-1)` and the output to `Replicate()`: defaults that assume
+#     colwise first.
 # torch/distributed/tensor/_api.py:«line»  `def distribute_module(`
-#     What each style's `_apply` calls: `partition_fn` swaps the module's parameters for DTensors, `input_fn` becomes a forward pre-hook and `output_fn` a forward hook. `RowwiseParallel`'s output hook redistributes `down`'s Partial output to `Replicate`: the forward all-reduce of section 2.
+#     What each style's `_apply` calls: `partition_fn` swaps the module's parameters for
+#     DTensors, `input_fn` becomes a forward pre-hook and `output_fn` a forward hook.
+#     `RowwiseParallel`'s output hook redistributes `down`'s Partial output to
+#     `Replicate`: the forward all-reduce of section 2.
 # torch/distributed/pipelining/schedules.py:«line»  `class Schedule1F1B(`
-#     `_step_microbatches` is the loop that ran: `min(n_microbatches, num_stages - stage_index)` warm-up forwards (2 on stage 0, 1 on the last stage), backward-forward pairs, the remaining backwards, then `perform_reduce_grad(n_microbatches if scale_grads else 1)`. `_get_pipeline_order` only writes the plan: on the last stage it increments `forward_mb` before the first forward, hence the plan's F1 to F4.
+#     `_step_microbatches` is the loop that ran: `min(n_microbatches, num_stages -
+#     stage_index)` warm-up forwards (2 on stage 0, 1 on the last stage), backward-forward
+#     pairs, the remaining backwards, then `perform_reduce_grad(n_microbatches if
+#     scale_grads else 1)`. `_get_pipeline_order` only writes the plan: on the last stage
+#     it increments `forward_mb` before the first forward, hence the plan's F1 to F4.
 # torch/distributed/pipelining/microbatch.py:«line»  `def split_args_kwargs_into_chunks(`
-#     How `step(x)` cuts the batch: each tensor argument gets `TensorChunkSpec(DEFAULT_CHUNK_DIM)`, dim 0, and `_split_tensor` splits it with `torch.tensor_split`. Splitting checks only the count: with fewer rows than micro-batches, `_shard_dict_of_args` makes fewer chunks, which the schedule's `_check_inputs` then refuses. Nothing checks that the micro-batches are equal.
+#     How `step(x)` cuts the batch: each tensor argument gets
+#     `TensorChunkSpec(DEFAULT_CHUNK_DIM)`, dim 0, and `_split_tensor` splits it with
+#     `torch.tensor_split`. Splitting checks only the count: with fewer rows than
+#     micro-batches, `_shard_dict_of_args` makes fewer chunks, which the schedule's
+#     `_check_inputs` then refuses. Nothing checks that the micro-batches are equal.
 # torch/distributed/pipelining/stage.py:«line»  `def _setup_forward_recv_info(`
-#     Every stage but the first gets one receive buffer per micro-batch, all made by `_make_tensor_from_meta` from the same `_stage_meta.inputs`: shapes that `_forward_metadata_inference` (above) derives on stage 0 from the first micro-batch and sends to the next stage. Hence the 3-row output against a 2-row target when 10 samples made 4 micro-batches.
+#     Every stage but the first gets one receive buffer per micro-batch, all made by
+#     `_make_tensor_from_meta` from the same `_stage_meta.inputs`: shapes that
+#     `_forward_metadata_inference` (above) derives on stage 0 from the first micro-batch
+#     and sends to the next stage. Hence the 3-row output against a 2-row target when 10
+#     samples made 4 micro-batches.
 # ```
 
 # %% [markdown]

@@ -806,19 +806,51 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «path»
+# torch 2.13.0 installed in «folder»
 # torch/nn/parallel/distributed.py:«line»  `def _ddp_init_helper(`
-#     DDP's gradients go through the C++ `dist.Reducer` built here, with the parameters assigned to buckets by size (`_DEFAULT_BUCKET_CAP_MB = 25` at the top of the file) and `gradient_as_bucket_view` handed to it: the switch that removed section 7's second copy of the gradients. `no_sync` further down only sets `require_backward_grad_sync = False`, and `_post_forward` then skips `reducer.prepare_for_backward`.
+#     DDP's gradients go through the C++ `dist.Reducer` built here, with the parameters
+#     assigned to buckets by size (`_DEFAULT_BUCKET_CAP_MB = 25` at the top of the file)
+#     and `gradient_as_bucket_view` handed to it: the switch that removed section 7's
+#     second copy of the gradients. `no_sync` further down only sets
+#     `require_backward_grad_sync = False`, and `_post_forward` then skips
+#     `reducer.prepare_for_backward`.
 # torch/distributed/fsdp/_fully_shard/_fully_shard.py:«line»  `@contract(state_cls=FSDPState)`
-#     The real `fully_shard`, after its two `@overload`s: `_get_modules_and_states` collects the parameters of the module's submodules, stopping at any submodule already given to `fully_shard` (bottom-up: one unit per call), and `reshard_after_forward=None` is recorded as automatic and passed on as True. `_apply_to_module` then swaps the module's class for `FSDP<Class>`, which adds `FSDPModule`'s `unshard()` and `set_requires_gradient_sync()`.
+#     The real `fully_shard`, after its two `@overload`s: `_get_modules_and_states`
+#     collects the parameters of the module's submodules, stopping at any submodule
+#     already given to `fully_shard` (bottom-up: one unit per call), and
+#     `reshard_after_forward=None` is recorded as automatic and passed on as True.
+#     `_apply_to_module` then swaps the module's class for `FSDP<Class>`, which adds
+#     `FSDPModule`'s `unshard()` and `set_requires_gradient_sync()`.
 # torch/distributed/fsdp/_fully_shard/_fsdp_param.py:«line»  `def _init_sharded_param(`
-#     One parameter becomes its shard: `Shard(0)` unless `shard_placement_fn` returns another `Shard`, `_chunk_with_empty` splits it as `torch.chunk` does, this rank's chunk is copied into a padded buffer (under `offload_to_cpu` with `pin_memory`, the `pin_memory()` call that failed in section 9) and put on the module in place of the original as a DTensor `nn.Parameter` (`_setattr_on_modules`).
+#     One parameter becomes its shard: `Shard(0)` unless `shard_placement_fn` returns
+#     another `Shard`, `_chunk_with_empty` splits it as `torch.chunk` does, this rank's
+#     chunk is copied into a padded buffer (under `offload_to_cpu` with `pin_memory`, the
+#     `pin_memory()` call that failed in section 9) and put on the module in place of the
+#     original as a DTensor `nn.Parameter` (`_setattr_on_modules`).
 # torch/distributed/fsdp/_fully_shard/_fsdp_state.py:«line»  `def _lazy_init(`
-#     Called by `_root_pre_forward` from `_pre_forward`, the forward pre-hook that `init` above registers on the module, so only when the module is called through `__call__` (or a method wrapped by `register_fsdp_forward_method`): the first state to run forward becomes the root and marks the states below it non-root. Under `reshard_after_forward=None` it sets the root's `post_forward_mesh_info = None`: the root unit stays gathered from its forward to its backward.
+#     Called by `_root_pre_forward` from `_pre_forward`, the forward pre-hook that `init`
+#     above registers on the module, so only when the module is called through `__call__`
+#     (or a method wrapped by `register_fsdp_forward_method`): the first state to run
+#     forward becomes the root and marks the states below it non-root. Under
+#     `reshard_after_forward=None` it sets the root's `post_forward_mesh_info = None`: the
+#     root unit stays gathered from its forward to its backward.
 # torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py:«line»  `def reshard(self):`
-#     Called after each unit's forward (`post_forward`): it returns at once, leaving the gathered parameters on the module, when `_reshard_after_forward` is False (no `post_forward_mesh_info`: `False`, or the root under `None`), reshards to the smaller group for an int between 1 and the world size (`_get_post_forward_mesh_info`, in `_fsdp_init.py`, has turned `1` into False and the world size into True: section 5), and otherwise `_to_sharded` swaps the DTensor shards back and frees the gathered copy. `post_backward` below returns before any reduce-scatter when `reduce_grads` is False, which is what `set_requires_gradient_sync(False)` sets.
+#     Called after each unit's forward (`post_forward`): it returns at once, leaving the
+#     gathered parameters on the module, when `_reshard_after_forward` is False (no
+#     `post_forward_mesh_info`: `False`, or the root under `None`), reshards to the
+#     smaller group for an int between 1 and the world size
+#     (`_get_post_forward_mesh_info`, in `_fsdp_init.py`, has turned `1` into False and
+#     the world size into True: section 5), and otherwise `_to_sharded` swaps the DTensor
+#     shards back and frees the gathered copy. `post_backward` below returns before any
+#     reduce-scatter when `reduce_grads` is False, which is what
+#     `set_requires_gradient_sync(False)` sets.
 # torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:«line»  `def foreach_reduce(`
-#     A unit's unsharded gradients are copied into one flat buffer of `reduce_dtype` (fp32 under section 6's policy), reduce-scattered in one collective that averages (`ReduceOp.AVG` for fp32, from `_get_gradient_divide_factors`), and each rank keeps its shard's part, cast back to the parameters' dtype. `foreach_all_gather` above is the forward's mirror: one all-gather per unit, of the shards cast to `param_dtype` when the policy sets one.
+#     A unit's unsharded gradients are copied into one flat buffer of `reduce_dtype` (fp32
+#     under section 6's policy), reduce-scattered in one collective that averages
+#     (`ReduceOp.AVG` for fp32, from `_get_gradient_divide_factors`), and each rank keeps
+#     its shard's part, cast back to the parameters' dtype. `foreach_all_gather` above is
+#     the forward's mirror: one all-gather per unit, of the shards cast to `param_dtype`
+#     when the policy sets one.
 # ```
 
 # %% [markdown]

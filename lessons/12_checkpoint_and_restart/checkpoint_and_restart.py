@@ -984,19 +984,47 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «path»
+# torch 2.13.0 installed in «folder»
 # torch/distributed/checkpoint/state_dict.py:«line»  `def _get_optim_state_dict(`
-#     Behind `get_state_dict(model, optim)`: an optimizer with no state yet first takes one `step()` with zero gradients and lr 0 (`_init_optim_state`, above), so that the template already holds the `step`, `exp_avg` and `exp_avg_sq` tensors `dcp.load` fills in place; then the parameter numbers are replaced by names (`fqn_pid_mapping`), the `optim.state.weight...` keys of section 1's metadata.
+#     Behind `get_state_dict(model, optim)`: an optimizer with no state yet first takes
+#     one `step()` with zero gradients and lr 0 (`_init_optim_state`, above), so that the
+#     template already holds the `step`, `exp_avg` and `exp_avg_sq` tensors `dcp.load`
+#     fills in place; then the parameter numbers are replaced by names
+#     (`fqn_pid_mapping`), the `optim.state.weight...` keys of section 1's metadata.
 # torch/distributed/checkpoint/state_dict_saver.py:«line»  `def _save_state_dict(`
-#     A save in two rounds: each rank plans what it holds and the coordinator (rank 0) merges the plans into the global metadata (`reduce_scatter("plan", ...)`); then each rank writes its own file, and only when `all_reduce("write", ...)` has gathered every rank's results without a failure does the coordinator's `finish_checkpoint` write `.metadata`. `save` and `async_save` above first call each Stateful value's `state_dict()` (`_stateful_to_state_dict`); `async_save` stages a copy, then runs `save` on an executor thread.
+#     A save in two rounds: each rank plans what it holds and the coordinator (rank 0)
+#     merges the plans into the global metadata (`reduce_scatter("plan", ...)`); then each
+#     rank writes its own file, and only when `all_reduce("write", ...)` has gathered
+#     every rank's results without a failure does the coordinator's `finish_checkpoint`
+#     write `.metadata`. `save` and `async_save` above first call each Stateful value's
+#     `state_dict()` (`_stateful_to_state_dict`); `async_save` stages a copy, then runs
+#     `save` on an executor thread.
 # torch/distributed/checkpoint/planner_helpers.py:«line»  `def create_read_items_for_chunk_list(`
-#     DCP's resharding: for each chunk the loading process holds (a whole tensor, or a DTensor's local shard), it finds the saved chunks that overlap it, by the offsets and sizes the metadata recorded (section 3 printed them), and makes one read item per overlap. That is how one process read the 2 ranks' two (8, 8) chunks into a (16, 8) weight, and 2 ranks later read their rows out of one stored chunk.
+#     DCP's resharding: for each chunk the loading process holds (a whole tensor, or a
+#     DTensor's local shard), it finds the saved chunks that overlap it, by the offsets
+#     and sizes the metadata recorded (section 3 printed them), and makes one read item
+#     per overlap. That is how one process read the 2 ranks' two (8, 8) chunks into a (16,
+#     8) weight, and 2 ranks later read their rows out of one stored chunk.
 # torch/distributed/checkpoint/filesystem.py:«line»  `def finish(self, metadata: Metadata`
-#     In a save with collectives, called once, on the coordinator, after every rank has written: it pickles the global metadata into `.metadata.tmp` and renames that to `.metadata`, the file the drill takes as proof of a complete checkpoint. `FileSystemReader.read_metadata` further down reads it back with plain `pickle.load` (why section 6's replaced `.metadata` ran its code), while `read_data` loads tensors with `weights_only=True`.
+#     In a save with collectives, called once, on the coordinator, after every rank has
+#     written: it pickles the global metadata into `.metadata.tmp` and renames that to
+#     `.metadata`, the file the drill takes as proof of a complete checkpoint.
+#     `FileSystemReader.read_metadata` further down reads it back with plain `pickle.load`
+#     (why section 6's replaced `.metadata` ran its code), while `read_data` loads tensors
+#     with `weights_only=True`.
 # torch/distributed/run.py:«line»  `def config_from_args(`
-#     torchrun's command line becomes a `LaunchConfig`, `--max-restarts` its `max_restarts` (refused below 0). `run` below gives `--standalone` a local c10d rendezvous and hands the config to `elastic_launch`, whose agent (`_invoke_run` in `torch/distributed/elastic/agent/server/api.py`) stops and restarts the whole worker group after a failure while `_remaining_restarts > 0`.
+#     torchrun's command line becomes a `LaunchConfig`, `--max-restarts` its
+#     `max_restarts` (refused below 0). `run` below gives `--standalone` a local c10d
+#     rendezvous and hands the config to `elastic_launch`, whose agent (`_invoke_run` in
+#     `torch/distributed/elastic/agent/server/api.py`) stops and restarts the whole worker
+#     group after a failure while `_remaining_restarts > 0`.
 # torch/_weights_only_unpickler.py:«line»  `class Unpickler:`
-#     What `torch.load(..., weights_only=True)` unpickles with: `load` reads the pickle opcode by opcode and, at each `GLOBAL`, looks the name up in `_get_allowed_globals()` and in what `add_safe_globals` allowed, raising `Unsupported global` otherwise, before anything is called (section 6's refusal of `getattr`). `get_globals_in_pkl` above reads the same opcodes for `get_unsafe_globals_in_checkpoint`.
+#     What `torch.load(..., weights_only=True)` unpickles with: `load` reads the pickle
+#     opcode by opcode and, at each `GLOBAL`, looks the name up in
+#     `_get_allowed_globals()` and in what `add_safe_globals` allowed, raising
+#     `Unsupported global` otherwise, before anything is called (section 6's refusal of
+#     `getattr`). `get_globals_in_pkl` above reads the same opcodes for
+#     `get_unsafe_globals_in_checkpoint`.
 # ```
 
 # %% [markdown]

@@ -864,19 +864,49 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «path»
+# torch 2.13.0 installed in «folder»
 # torch/distributed/tensor/placement_types.py:«line»  `class _StridedShard(`
-#     The docstring's example is section 1's on an [8, 8] tensor: on the mesh [[0, 1], [2, 3]], `(Shard(0), Shard(0))` gives rank 1 the second quarter of the rows, TP-then-FSDP gives it the third. `split_factor` is the number of shards the dimension already has from the mesh dimensions to the right (tp), so that reading the placements left to right finds the rows FSDP really holds.
+#     The docstring's example is section 1's on an [8, 8] tensor: on the mesh [[0, 1], [2,
+#     3]], `(Shard(0), Shard(0))` gives rank 1 the second quarter of the rows,
+#     TP-then-FSDP gives it the third. `split_factor` is the number of shards the
+#     dimension already has from the mesh dimensions to the right (tp), so that reading
+#     the placements left to right finds the rows FSDP really holds.
 # torch/distributed/fsdp/_fully_shard/_fsdp_param.py:«line»  `def _init_sharding_spec_tp(`
-#     `fully_shard` on a parameter that TP already made a DTensor: it joins the dp mesh to TP's (`DeviceMesh._concatenate`) and puts `_StridedShard(shard_dim, split_factor=...)` on dp when TP already split FSDP's dim 0 (`num_shards_map`: the colwise layers and the row-split embedding), plain `Shard(0)` otherwise (rowwise `Shard(1)`, what TP replicates): section 1's three kinds of placement. `_init_sharding_spec_plain`, just below, gives a plain parameter on a 2-D mesh `(Replicate(), Shard(0))`: HSDP.
+#     `fully_shard` on a parameter that TP already made a DTensor: it joins the dp mesh to
+#     TP's (`DeviceMesh._concatenate`) and puts `_StridedShard(shard_dim,
+#     split_factor=...)` on dp when TP already split FSDP's dim 0 (`num_shards_map`: the
+#     colwise layers and the row-split embedding), plain `Shard(0)` otherwise (rowwise
+#     `Shard(1)`, what TP replicates): section 1's three kinds of placement.
+#     `_init_sharding_spec_plain`, just below, gives a plain parameter on a 2-D mesh
+#     `(Replicate(), Shard(0))`: HSDP.
 # torch/distributed/tensor/parallel/style.py:«line»  `class SequenceParallel(`
-#     `_replicate_module_fn` turns the norm's weight and bias into `Replicate()` DTensors with `DTensor.from_local` (nothing is sent: every rank is trusted to hold the same values), and `_prepare_input_fn` makes the input `Shard(1)`, this rank's part of the sequence. A replicated weight applied to part of the tokens gets part of its gradient: section 3's 10 `Partial` norm gradients.
+#     `_replicate_module_fn` turns the norm's weight and bias into `Replicate()` DTensors
+#     with `DTensor.from_local` (nothing is sent: every rank is trusted to hold the same
+#     values), and `_prepare_input_fn` makes the input `Shard(1)`, this rank's part of the
+#     sequence. A replicated weight applied to part of the tokens gets part of its
+#     gradient: section 3's 10 `Partial` norm gradients.
 # torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py:«line»  `def _backward_prefetch(`
-#     `pre_backward` calls it when the unit has no explicit backward-prefetch list: it takes the unit whose forward ended just before this one's (`post_forward_order[curr_index - 1]`) and issues its all-gather (`_prefetch_unshard`) before this unit's backward runs, which is why `blocks.0` was gathered again before `blocks.1`'s backward ended with prefetch False too. Forward has no such default: `_pre_forward` in `_fsdp_state.py` prefetches only the list `set_modules_to_forward_prefetch` fills.
+#     `pre_backward` calls it when the unit has no explicit backward-prefetch list: it
+#     takes the unit whose forward ended just before this one's
+#     (`post_forward_order[curr_index - 1]`) and issues its all-gather
+#     (`_prefetch_unshard`) before this unit's backward runs, which is why `blocks.0` was
+#     gathered again before `blocks.1`'s backward ended with prefetch False too. Forward
+#     has no such default: `_pre_forward` in `_fsdp_state.py` prefetches only the list
+#     `set_modules_to_forward_prefetch` fills.
 # torch/distributed/tensor/_api.py:«line»  `def distribute_tensor(`
-#     With `src_data_rank=None` each placement only cuts this rank's piece out of the tensor it was given: `Shard` and `_StridedShard` split locally (`_shard_tensor` scatters only from a source rank) and `Replicate` keeps it (`_make_replicate_tensor` broadcasts only from a source rank). That is how section 5's meta-device init issued 0 collectives; the default, `src_data_rank=0`, scatters and broadcasts rank 0's tensor instead.
+#     With `src_data_rank=None` each placement only cuts this rank's piece out of the
+#     tensor it was given: `Shard` and `_StridedShard` split locally (`_shard_tensor`
+#     scatters only from a source rank) and `Replicate` keeps it (`_make_replicate_tensor`
+#     broadcasts only from a source rank). That is how section 5's meta-device init issued
+#     0 collectives; the default, `src_data_rank=0`, scatters and broadcasts rank 0's
+#     tensor instead.
 # torch/distributed/elastic/agent/server/api.py:«line»  `def _assign_worker_ranks(`
-#     How two agents number four ranks: each agent writes its `local_world_size` to the rendezvous store, the agent of group rank 0 gives each agent, in group-rank order, a base equal to the sum of the local world sizes before it, and a worker's `RANK` is that base plus its `LOCAL_RANK`: node by node, so that, with the same `LOCAL_WORLD_SIZE` on every agent, `rank // LOCAL_WORLD_SIZE` is `GROUP_RANK` (section 6).
+#     How two agents number four ranks: each agent writes its `local_world_size` to the
+#     rendezvous store, the agent of group rank 0 gives each agent, in group-rank order, a
+#     base equal to the sum of the local world sizes before it, and a worker's `RANK` is
+#     that base plus its `LOCAL_RANK`: node by node, so that, with the same
+#     `LOCAL_WORLD_SIZE` on every agent, `rank // LOCAL_WORLD_SIZE` is `GROUP_RANK`
+#     (section 6).
 # ```
 
 # %% [markdown]

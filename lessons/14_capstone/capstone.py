@@ -915,19 +915,53 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «path»
+# torch 2.13.0 installed in «folder»
 # https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/LossNLL.cpp
-#     search for `nll_loss_out_frame`: `F.cross_entropy` with class targets is `log_softmax` then `nll_loss` (`cross_entropy_loss_symint`, further down). In this CPU kernel a target equal to `ignore_index` (-100, the schema's default) is counted in `num_ignored` and skipped, and the mean divides by `batch_size - num_ignored`: the loss is a mean over the six answer characters only. With near-zero logits each of them costs about ln 11 = 2.398, and the first loss is 2.41 (sections 1 and 2).
+#     search for `nll_loss_out_frame`: `F.cross_entropy` with class targets is
+#     `log_softmax` then `nll_loss` (`cross_entropy_loss_symint`, further down). In this
+#     CPU kernel a target equal to `ignore_index` (-100, the schema's default) is counted
+#     in `num_ignored` and skipped, and the mean divides by `batch_size - num_ignored`:
+#     the loss is a mean over the six answer characters only. With near-zero logits each
+#     of them costs about ln 11 = 2.398, and the first loss is 2.41 (sections 1 and 2).
 # torch/_inductor/kernel/mm.py:«line»  `def tuned_addmm(`
-#     Inductor's lowering of `addmm`, the biased linear layers: unless `max_autotune` is on, its only choice is `aten_addmm`, a call of ATen's own kernel from the generated code, which is why the compiled step still calls `aten::addmm` (section 4); `tuned_mm`, above, offers `aten_mm` the same way.
+#     Inductor's lowering of `addmm`, the biased linear layers: unless `max_autotune` is
+#     on, its only choice is `aten_addmm`, a call of ATen's own kernel from the generated
+#     code, which is why the compiled step still calls `aten::addmm` (section 4);
+#     `tuned_mm`, above, offers `aten_mm` the same way.
 # torch/_inductor/lowering.py:«line»  `aten._scaled_dot_product_flash_attention_for_cpu.default`
-#     Inductor writes no code of its own for the CPU's fused attention: this `make_fallback` (and the next one, for the backward) registers a lowering that calls the ATen kernel, and `decomposition.py` removes the op's decomposition from Inductor's table (an op may not have both). So the compiled step still calls `aten::_scaled_dot_product_flash_attention_for_cpu` and its backward, while no ATen `layer_norm` or `gelu` call is left (section 4).
+#     Inductor writes no code of its own for the CPU's fused attention: this
+#     `make_fallback` (and the next one, for the backward) registers a lowering that calls
+#     the ATen kernel, and `decomposition.py` removes the op's decomposition from
+#     Inductor's table (an op may not have both). So the compiled step still calls
+#     `aten::_scaled_dot_product_flash_attention_for_cpu` and its backward, while no ATen
+#     `layer_norm` or `gelu` call is left (section 4).
 # torch/distributed/elastic/agent/server/api.py:«line»  `def _invoke_run(`
-#     torchrun's agent loop: every `monitor_interval` it checks its workers (`_monitor_workers`, in `local_elastic_agent.py`), and the check itself stops the rest: the process context it polls (`_poll` in `elastic/multiprocessing/api.py`) sends SIGTERM to every worker still running as soon as one has failed, the SIGTERM the other rank received. With restarts left, `_restart_workers` (above) stops what remains, runs a new rendezvous and starts the group again as new processes, and one restart is used up; with none left it stops the workers and returns the failure. `local_elastic_agent.py` hands the count to the new ranks as `TORCHELASTIC_RESTART_COUNT` (section 6's attempt 1).
+#     torchrun's agent loop: every `monitor_interval` it checks its workers
+#     (`_monitor_workers`, in `local_elastic_agent.py`), and the check itself stops the
+#     rest: the process context it polls (`_poll` in `elastic/multiprocessing/api.py`)
+#     sends SIGTERM to every worker still running as soon as one has failed, the SIGTERM
+#     the other rank received. With restarts left, `_restart_workers` (above) stops what
+#     remains, runs a new rendezvous and starts the group again as new processes, and one
+#     restart is used up; with none left it stops the workers and returns the failure.
+#     `local_elastic_agent.py` hands the count to the new ranks as
+#     `TORCHELASTIC_RESTART_COUNT` (section 6's attempt 1).
 # torch/distributed/checkpoint/state_dict_loader.py:«line»  `def load(`
-#     It goes over the top-level keys: a value with `state_dict` and `load_state_dict` is `Stateful` (a `runtime_checkable` protocol in `stateful.py`: no base class needed), so its `state_dict()` is the template DCP reads into, handed back through `load_state_dict`; any other value is replaced by what was read. In the worker's checkpoint the data order (`StepRows`, or exercise B's `Shuffler`) is the Stateful one and `step` a plain int: how attempt 1 knew to go on at step 11 (section 6).
+#     It goes over the top-level keys: a value with `state_dict` and `load_state_dict` is
+#     `Stateful` (a `runtime_checkable` protocol in `stateful.py`: no base class needed),
+#     so its `state_dict()` is the template DCP reads into, handed back through
+#     `load_state_dict`; any other value is replaced by what was read. In the worker's
+#     checkpoint the data order (`StepRows`, or exercise B's `Shuffler`) is the Stateful
+#     one and `step` a plain int: how attempt 1 knew to go on at step 11 (section 6).
 # torch/utils/flop_counter.py:«line»  `def sdpa_flop(`
-#     The decorator above it gives the formula to CUDA's fused SDPA ops (efficient, flash, cuDNN); none of the file's attention formulas is for the CPU's `_scaled_dot_product_flash_attention_for_cpu`. `__torch_dispatch__`, at the end of the file, decomposes an op without a formula when it has a `CompositeImplicitAutograd` kernel; the CPU's fused op has none (a CPU kernel only), so it runs as it is and `_count_flops` adds nothing for it, without a word: section 7's count had no attention. `sdpa_flop_count`, just above, is the formula the lesson adds by hand: two batched matmuls, 4·S²·d per sequence forward, the whole S × S square (`sdpa_flop`'s comment: causal attention is not accounted for).
+#     The decorator above it gives the formula to CUDA's fused SDPA ops (efficient, flash,
+#     cuDNN); none of the file's attention formulas is for the CPU's
+#     `_scaled_dot_product_flash_attention_for_cpu`. `__torch_dispatch__`, at the end of
+#     the file, decomposes an op without a formula when it has a
+#     `CompositeImplicitAutograd` kernel; the CPU's fused op has none (a CPU kernel only),
+#     so it runs as it is and `_count_flops` adds nothing for it, without a word: section
+#     7's count had no attention. `sdpa_flop_count`, just above, is the formula the lesson
+#     adds by hand: two batched matmuls, 4·S²·d per sequence forward, the whole S × S
+#     square (`sdpa_flop`'s comment: causal attention is not accounted for).
 # ```
 
 # %% [markdown]
