@@ -185,3 +185,17 @@ def cuda_median_ms(fn, warmup: int = 3, repeats: int = 10) -> float:
         end.synchronize()  # read the events once the GPU has reached the end one
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def autograd_node_names(tensor) -> list[str]:
+    """The class name of every autograd node behind ``tensor``, each node once (a depth-first
+    walk of ``grad_fn.next_functions``): what the lessons' tests count in a graph."""
+    seen, todo, names = set(), [tensor.grad_fn], []
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        todo += [n for n, _ in node.next_functions]
+    return names

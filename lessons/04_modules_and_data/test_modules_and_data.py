@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from scripts.checker import read_cells
+from scripts.pytest_course import autograd_node_names
 
 
 def test_script_outputs(lesson):
@@ -121,21 +122,14 @@ def test_leak_counts(lesson):
 
 def test_leak_nodes_per_step(lesson):
     """The seven nodes the prose names, one set per step; the four AccumulateGrad shared."""
-    names, graph_stats = [], lesson.ns["graph_stats"]
+    graph_stats = lesson.ns["graph_stats"]
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
     x, y = torch.randn(32, 16), torch.randn(32, 1)
     total = 0.0
     for _ in range(2):
         total = total + nn.functional.mse_loss(model(x), y)
-    stack, seen = [total.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.append(type(node).__name__)
-        stack += [f for f, _ in node.next_functions]
+    names = autograd_node_names(total)
     per_step = ["AddBackward0", "AddmmBackward0", "AddmmBackward0", "MseLossBackward0",
                 "ReluBackward0", "TBackward0", "TBackward0"]
     assert sorted(names) == sorted(per_step * 2 + ["AccumulateGrad"] * 4)

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch._dynamo as dynamo
 
-from scripts.pytest_course import cuda_median_ms
+from scripts.pytest_course import autograd_node_names, cuda_median_ms
 
 
 def test_script_outputs(lesson):
@@ -606,19 +606,6 @@ def test_ddp_optimizer_splits_at_bucket_boundaries(lesson):
         assert ns["ddp_runs"]["DDP(model.compile())", opt][2].total() == 0
     assert ns["layer_bytes"] > 2**20  # each layer fills a 1 MiB bucket on its own
     assert dynamo.config.optimize_ddp is True and not torch.distributed.is_initialized()
-
-
-def autograd_node_names(t):
-    """Class names of every autograd node behind tensor t."""
-    seen, todo, names = set(), [t.grad_fn], []
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.append(type(node).__name__)
-        todo += [n for n, _ in node.next_functions]
-    return names
 
 
 def test_each_ddp_piece_is_one_backward_node(lesson):
