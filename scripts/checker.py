@@ -42,6 +42,7 @@ PLACEHOLDERS = {
     "number": NUMBER,  # any other machine-dependent number
     "address": r"0x[0-9a-fA-F]+",
     "pid": r"\d+",
+    "version": r"\d+\.\d+\.\d+",  # the installed torch's release (`make drift` runs another)
     "line": r"\d+",  # a line number in the installed torch's files (lessons/sourcemap.py)
     "path": r"\S+",  # a file path outside the repository (a temporary folder)
     "folder": r".+",  # an install folder, which may hold spaces (site-packages on Windows, macOS)

@@ -912,7 +912,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/_tensor.py:«line»  `class Tensor(torch._C.TensorBase)`
 #     The Python class subclasses `torch._C.TensorBase`, the C++ binding that holds the
 #     handle to the `TensorImpl`: `stride()`, `t()`, `untyped_storage()`, `_base` and
@@ -933,7 +933,7 @@ read_the_source([
 #     last dimension, a size-1 dimension is skipped and every other stride must equal the
 #     product of the sizes after it. `TensorImpl::compute_contiguous` (in
 #     `c10/core/TensorImpl.cpp`) applies it to the record's sizes and strides.
-# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/TensorShape.cpp
+# https://github.com/pytorch/pytorch/blob/v«version»/aten/src/ATen/native/TensorShape.cpp
 #     search for `Tensor reshape_symint(`: When `reshape` copies: a contiguous input goes
 #     straight to `view`; otherwise `at::detail::computeStride` looks for strides that
 #     read the new shape, and `reshape` returns a view (`_reshape_alias`) when it finds
@@ -944,7 +944,7 @@ read_the_source([
 #     channels, H over W·C, N over H·W·C, which gives section 6's (60, 1, 15, 3) for a (2,
 #     3, 4, 5) image; `TensorImpl::empty_tensor_restride` calls it for
 #     `MemoryFormat::ChannelsLast`.
-# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/LinearAlgebra.cpp
+# https://github.com/pytorch/pytorch/blob/v«version»/aten/src/ATen/native/LinearAlgebra.cpp
 #     search for `static Tensor _matmul_impl(`: `matmul` is this composite: 2-D @ 2-D is
 #     one `mm`, and its last branch, for batched operands, `expand`s both to the common
 #     batch shape, `reshape`s each to 3-D for one `bmm` and `_unsafe_view`s the result

@@ -975,7 +975,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/overrides.py:«line»  `def handle_torch_function(`
 #     The layer above the dispatcher: when an argument defines `__torch_function__` or a
 #     `TorchFunctionMode` is active, the call is handed to that `__torch_function__` as

@@ -1659,7 +1659,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/autograd/graph.py:«line»  `class saved_tensors_hooks:`
 #     `__enter__` pushes your `pack_hook`/`unpack_hook` pair as the default for every
 #     tensor an operation saves inside the block (sections 3, 4 and 6 used it to keep,

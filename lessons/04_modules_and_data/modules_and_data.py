@@ -1352,7 +1352,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/nn/modules/module.py:«line»  `def __setattr__(`
 #     A `Parameter` goes through `register_parameter` into `_parameters`, a `Module` into
 #     `_modules`, a `Buffer` (or a tensor assigned to a name already in `_buffers`) into

@@ -1311,7 +1311,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/include/ATen/autocast_mode.h:«line»  `#define AT_FORALL_FP32(_)`
 #     The float32 list that CUDA autocast registers: `layer_norm` and `nll_loss` are in
 #     it, `softmax` and `log_softmax` are in `AT_FORALL_FP32_SET_OPT_DTYPE` just below,
@@ -1320,7 +1320,7 @@ read_the_source([
 #     the inputs up, `fp32_set_opt_dtype` only fills in a `dtype` argument the call left
 #     unset (`set_opt_dtype`, just above it, keeps one that is set, as in section 4's
 #     `log_softmax` call).
-# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/autocast_mode.cpp
+# https://github.com/pytorch/pytorch/blob/v«version»/aten/src/ATen/autocast_mode.cpp
 #     search for `TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)`: CPU autocast's own lists, op
 #     by op: `mm` and `linear` under `lower_precision_fp`, `cross_entropy_loss` and
 #     `nll_loss` under `fp32`, no `softmax` and no `layer_norm`. Higher up, `cached_cast`
@@ -1336,7 +1336,7 @@ read_the_source([
 #     refuses float16 gradients, and records the stage `UNSCALED` so that `step()` does
 #     not divide again; `_maybe_opt_step` below calls `optimizer.step()` only when no
 #     inf/NaN was found, and `update()` hands the scale to `torch._amp_update_scale_`.
-# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp
+# https://github.com/pytorch/pytorch/blob/v«version»/aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp
 #     search for `_amp_update_scale_cpu_kernel(`: the skip/halve/double rule on the CPU:
 #     after an inf/NaN the scale is multiplied by `backoff_factor` and the growth tracker
 #     reset to 0; otherwise the tracker counts the clean step, and when it reaches

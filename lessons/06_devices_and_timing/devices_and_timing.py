@@ -1334,7 +1334,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/_tensor.py:«line»  `def __format__(`
 #     A 0-d tensor (a plain `Tensor`, not a subclass, not on the meta device) is formatted
 #     as `self.detach().item()`: an f-string of the loss is a host read, the

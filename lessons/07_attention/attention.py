@@ -1114,7 +1114,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/nn/functional.py:«line»  `scaled_dot_product_attention = _add_docstr(`
 #     Only a docstring on the C++ op, whose reference code is section 2's `formula` with
 #     every option: scale `1 / math.sqrt(query.size(-1))`, a boolean mask turned into
@@ -1123,7 +1123,7 @@ read_the_source([
 #     `repeat_interleave` for GQA (section 6) and `torch.dropout(..., train=True)`, blind
 #     to `eval()` (section 5). Its plain softmax gives NaN for a fully masked row, where
 #     SDPA gives 0 (section 7).
-# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/transformers/attention.cpp
+# https://github.com/pytorch/pytorch/blob/v«version»/aten/src/ATen/native/transformers/attention.cpp
 #     search for `std::tuple<Tensor, Tensor> _scaled_dot_product_attention_math(`: The
 #     math backend: fp16 and bf16 inputs go `.to(at::kFloat)` first (section 7's three
 #     `_to_copy`), `pre_process_group_query_attention_input` copies K and V with
@@ -1138,7 +1138,7 @@ read_the_source([
 #     `attn_mask` (None in section 2): the tensors section 2 found saved, none of size S x
 #     S. The math backend has no entry: it is composite, so autograd records the ops it
 #     runs, probabilities included.
-# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/cpu/FlashAttentionKernel.cpp
+# https://github.com/pytorch/pytorch/blob/v«version»/aten/src/ATen/native/cpu/FlashAttentionKernel.cpp
 #     search for `void cpu_flash_attention(`: The online softmax of section 1: for each
 #     block of queries, a loop over blocks of keys keeps `qk_max` and `qk_sum` per row and
 #     rescales the partial output `dst` by `exp(old max - new max)`. After the loop a row

@@ -1399,7 +1399,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/_dynamo/eval_frame.py:«line»  `def _callback_from_stance(`
 #     A compiled function is `compile_wrapper`, in `_TorchDynamoContext.__call__` below:
 #     around each call it installs Dynamo's frame hook with

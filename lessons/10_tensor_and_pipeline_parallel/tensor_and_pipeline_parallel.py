@@ -590,7 +590,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/distributed/tensor/parallel/style.py:«line»  `class ColwiseParallel(`
 #     `_partition_linear_fn` distributes the weight and the bias as `Shard(0)`, and
 #     `__init__` defaults to a `Replicate()` input and a `Shard(-1)` output. In

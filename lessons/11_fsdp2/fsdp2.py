@@ -806,7 +806,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/nn/parallel/distributed.py:«line»  `def _ddp_init_helper(`
 #     DDP's gradients go through the C++ `dist.Reducer` built here, with the parameters
 #     assigned to buckets by size (`_DEFAULT_BUCKET_CAP_MB = 25` at the top of the file)

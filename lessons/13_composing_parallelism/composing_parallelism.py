@@ -864,7 +864,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/distributed/tensor/placement_types.py:«line»  `class _StridedShard(`
 #     The docstring's example is section 1's on an [8, 8] tensor: on the mesh [[0, 1], [2,
 #     3]], `(Shard(0), Shard(0))` gives rank 1 the second quarter of the rows,
