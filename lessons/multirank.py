@@ -26,6 +26,11 @@ The precautions, each measured on the course's machine:
   any exit of the parent: a normal end, the timeout, an exception, Ctrl-C or a notebook's
   Interrupt (KeyboardInterrupt), pytest-timeout (an exception raised from SIGALRM) and
   SIGTERM (a handler kills the launch, then the signal does what it would have done).
+- Even SIGKILL of the parent (Jupyter restarting a busy kernel) runs no code in it, so the
+  ranks watch it: `launch` tells them its pid (`COURSE_LAUNCHER_PID`), and `setup` starts a
+  thread in each rank that, once the parent is gone, SIGKILLs the rank's torchrun agent and
+  then the rank itself. On Linux the agents also get SIGKILL from the kernel when the parent
+  dies (PR_SET_PDEATHSIG), a second line for an agent that has no ranks yet.
 - One log file per rank (`--log-dir` with `--redirects 3`): two ranks printing to one
   terminal can interleave inside a line.
 - `OMP_NUM_THREADS=1`: one thread per rank on a small CPU.
@@ -58,11 +63,13 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["GRACE_S", "GROUP_TIMEOUT_S", "MARK", "Run", "heading", "kill_launch", "launch",
-           "marked", "running", "say", "section", "serve", "setup", "shared", "show", "still_running",
-           "teardown"]
+__all__ = ["GRACE_S", "GROUP_TIMEOUT_S", "LAUNCHER", "MARK", "Run", "heading", "kill_launch", "launch",
+           "marked", "parent_of", "running", "say", "section", "serve", "setup", "shared", "show",
+           "still_running", "teardown"]
 
 MARK = "COURSE_LAUNCH_ID"  # the environment variable every process of a launch carries
+LAUNCHER = "COURSE_LAUNCHER_PID"  # the pid of the process that called launch(), for the ranks
+WATCH_S = 0.5  # how often a rank checks that the process that called launch() is alive
 GRACE_S = 3.0  # after SIGTERM, how long torchrun gets to stop its ranks itself
 GROUP_TIMEOUT_S = 60  # a rank's default process group: an error after this, never gloo's 30 min
 HEADER = re.compile(r"rank (\d+): == (.*) ==")  # a worker's section heading
@@ -143,7 +150,8 @@ def launch(worker, args=(), *, nproc: int = 2, nnodes: int = 1, timeout: float =
     logs = Path(tempfile.mkdtemp(prefix="multirank-"))
     mark = uuid.uuid4().hex
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {}), MARK: mark}
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {}), MARK: mark,
+                LAUNCHER: str(os.getpid())}
     agents: list[subprocess.Popen] = []
     _ACTIVE[mark] = agents
     start, timed_out, leftover = time.monotonic(), False, None
@@ -152,7 +160,7 @@ def launch(worker, args=(), *, nproc: int = 2, nnodes: int = 1, timeout: float =
             for i, cmd in enumerate(commands(worker, args, nproc, nnodes, restarts, logs, mark)):
                 with open(logs / f"agent{i}.log", "w") as out:
                     agents.append(subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                                   start_new_session=True))
+                                                   start_new_session=True, preexec_fn=_die_with_launcher()))
             timed_out = not _wait(agents, start + timeout)
             if timed_out:
                 _stop(agents, mark)
@@ -165,6 +173,24 @@ def launch(worker, args=(), *, nproc: int = 2, nnodes: int = 1, timeout: float =
             kill_launch(agents, mark)
         _ACTIVE.pop(mark, None)
         shutil.rmtree(logs, ignore_errors=True)
+
+
+def _die_with_launcher():
+    """Linux: a function for Popen's preexec_fn that asks the kernel to SIGKILL the agent
+    when this thread (the one blocked in launch) ends, SIGKILL included. Elsewhere None.
+    prctl is looked up here, before the fork: the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl, launcher = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+
+    def preexec():
+        prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != launcher:  # the launcher died before the call: no signal will come
+            os._exit(1)
+
+    return preexec
 
 
 def _wait(agents, deadline: float) -> bool:
@@ -340,6 +366,14 @@ def show(run: Run, name: str, attempt: int = -1) -> None:
             print(line)
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent pid of a process (Linux: /proc; elsewhere, or once it is gone: ps), or None."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    ps = subprocess.run(["ps", "-o", "ppid=", "-p", str(pid)], capture_output=True, text=True)
+    return int(ps.stdout) if ps.stdout.strip() else None
+
+
 def running(path) -> list[str]:
     """`pid args` of every live process whose command line names `path` (a worker script,
     a lesson folder), this process and its parents excepted."""
@@ -389,9 +423,33 @@ def heading(name: str) -> None:
     say(f"== {name} ==")
 
 
+def _watch_launcher() -> None:
+    """If launch() started this rank, a daemon thread ends the launch once launch()'s process
+    is gone. The rank's parent is its torchrun agent, the agent's parent is that process:
+    while it lives the agent stays its child; once it dies (even as a zombie not yet reaped)
+    the agent is re-parented, or gone too. No pid to reuse, no clock to compare."""
+    launcher, agent = int(os.environ.get(LAUNCHER, 0)), os.getppid()
+    if launcher:
+        threading.Thread(target=_end_when_orphaned, args=(launcher, agent), daemon=True,
+                         name="multirank-watch").start()
+
+
+def _end_when_orphaned(launcher: int, agent: int) -> None:
+    while parent_of(agent) == launcher:
+        time.sleep(WATCH_S)
+    # the agent only if it is still this rank's parent (so not a reused pid) and torchrun's
+    ps = subprocess.run(["ps", "-ww", "-o", "args=", "-p", str(agent)], capture_output=True, text=True)
+    if os.getppid() == agent and "torch.distributed.run" in ps.stdout:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(agent, signal.SIGKILL)  # first, or it would restart or stop this rank
+    os._exit(1)
+
+
 def setup(backend: str = "gloo", timeout_s: float = GROUP_TIMEOUT_S):
     """Join the group torchrun describes in the environment, with a timeout of seconds (gloo's
-    default is 30 minutes); one thread per rank. Returns the device for this rank's tensors."""
+    default is 30 minutes); one thread per rank; a thread that ends the launch if the process
+    that called launch() dies. Returns the device for this rank's tensors."""
+    _watch_launcher()  # first: importing torch takes seconds
     import torch
     import torch.distributed as dist
 

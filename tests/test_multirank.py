@@ -1,9 +1,10 @@
 """The multi-rank kit (lessons/multirank.py), proven on CPU ranks with gloo: results, several
 torchrun agents on one rendezvous, the hard timeout, exit codes, the failure path's teardown,
-and no process left after an interrupted parent (SIGINT, SIGTERM, an alarm)."""
+and no process left after an interrupted parent (SIGINT, SIGTERM, an alarm) or a SIGKILLed one."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -121,6 +122,59 @@ def test_an_interrupted_parent_leaves_no_process(tmp_path, signum, nnodes):
         proc.kill()
         for line in running(worker):  # never leave anything behind, even when failing
             subprocess.run(["kill", "-9", line.split()[0]], check=False)
+
+
+SLEEPER = """
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, {lessons!r})
+from multirank import MARK, serve
+
+def sleep(device):
+    import torch.distributed as dist
+    Path({flags!r}, f"up.rank{{dist.get_rank()}}").write_text(os.environ[MARK])
+    time.sleep(600)
+
+serve({{"sleep": sleep}})
+"""
+
+KILLED = """
+import sys
+sys.path.insert(0, {lessons!r})
+import multirank
+if not {pdeathsig}:  # the ranks' watchdog alone, as on macOS
+    multirank._die_with_launcher = lambda: None
+multirank.launch({worker!r}, ["sleep"], nproc=2, nnodes={nnodes}, restarts=1, timeout=300)
+"""
+
+
+@pytest.mark.parametrize("pdeathsig, nnodes", [(True, 1), (False, 2)], ids=["linux", "watchdog-only-2-agents"])
+def test_a_sigkilled_parent_leaves_no_process(tmp_path, pdeathsig, nnodes):
+    """SIGKILL (Jupyter restarting a busy kernel) runs no code in the parent: the ranks see it
+    gone, SIGKILL their agent before it can restart them (restarts=1), then end. The parent
+    is left a zombie, never reaped, while we look (as a kernel may be)."""
+    worker, flags, parent = tmp_path / "sleeper.py", tmp_path / "flags", tmp_path / "parent.py"
+    flags.mkdir()
+    worker.write_text(SLEEPER.format(lessons=str(LESSONS), flags=str(flags)))
+    parent.write_text(KILLED.format(lessons=str(LESSONS), worker=str(worker), nnodes=nnodes, pdeathsig=pdeathsig))
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the launch's logs, left behind by SIGKILL
+    proc = subprocess.Popen([sys.executable, str(parent)], env=env)
+    marks = []
+    try:
+        assert wait_for(lambda: len(list(flags.glob("up.rank*"))) == 2 * nnodes, 90), running(worker)
+        marks = {f.read_text() for f in flags.glob("up.rank*")}
+        assert len(marks) == 1 and len(running(worker)) == 3 * nnodes, running(worker)  # agents + ranks
+        proc.kill()
+        assert wait_for(lambda: running(worker) == [], 15), running(worker)
+        assert proc.poll() == -signal.SIGKILL  # reaped only now
+        assert all(marked(mark) == [] for mark in marks)
+        assert list(tmp_path.glob("multirank-*/agent*/*/attempt_0")), "no log of the first attempt"
+        assert not list(tmp_path.glob("multirank-*/agent*/*/attempt_1")), "an agent restarted its ranks"
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in {int(line.split()[0]) for line in running(worker)} | {p for m in marks for p in marked(m)}:
+            subprocess.run(["kill", "-9", str(pid)], check=False)  # never leave anything behind
 
 
 def test_running_finds_a_process_by_its_command_line(tmp_path):

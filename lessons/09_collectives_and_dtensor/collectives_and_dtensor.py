@@ -86,7 +86,13 @@ WORKER = HERE / "worker.py"
 #   normal end, at the timeout, on an exception, on Ctrl-C or a notebook's Interrupt
 #   (`KeyboardInterrupt`), and on SIGTERM, for which `launch` installs a handler while ranks
 #   run (without it Python dies on SIGTERM without running any `finally`). Before the kit,
-#   interrupting this notebook mid-launch left torchrun and both ranks running.
+#   interrupting this notebook mid-launch left torchrun and both ranks running. SIGKILL
+#   runs no code at all (Jupyter sends it to restart a busy kernel), so there the ranks
+#   look after themselves: `launch` passes its pid down (`COURSE_LAUNCHER_PID`), and a
+#   thread in each rank (started by `setup`) checks twice a second that torchrun is still
+#   that process's child; once it is not, the rank SIGKILLs torchrun, then exits. On Linux
+#   the kernel also SIGKILLs torchrun when its parent dies (`PR_SET_PDEATHSIG`).
+#   `tests/test_multirank.py` SIGKILLs a parent mid-launch and finds nothing left.
 # - **One file per rank.** `--log-dir` with `--redirects 3` sends each rank's stdout and
 #   stderr to `DIR/<run id>/attempt_0/<rank>/stdout.log` and `stderr.log`: two ranks
 #   printing at once to one terminal can interleave *inside* a line. `launch` reads them
