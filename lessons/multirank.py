@@ -10,6 +10,8 @@ In the parent (a lesson, a test):
     run = launch(WORKER, ["part"], nnodes=2)     # 2 agents joining one rendezvous: 4 ranks
     run.code, run.seconds, run.out[rank], run.err[rank]
     show(run, "name")                            # print one `== name ==` section of each rank
+    with kill_when(pid_file) as killed:          # SIGKILL a rank from outside once it wrote
+        run = launch(WORKER, ["drill"], restarts=1)  # its pid there (a failing machine)
 
 In a worker (one rank):
 
@@ -63,7 +65,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["GRACE_S", "GROUP_TIMEOUT_S", "LAUNCHER", "MARK", "Run", "heading", "kill_launch", "launch",
+__all__ = ["GRACE_S", "GROUP_TIMEOUT_S", "LAUNCHER", "MARK", "Run", "heading", "kill_launch", "kill_when", "launch",
            "marked", "parent_of", "running", "say", "section", "serve", "setup", "shared", "show",
            "still_running", "teardown"]
 
@@ -364,6 +366,38 @@ def show(run: Run, name: str, attempt: int = -1) -> None:
     for lines in section(run, name, attempt).values():
         for line in lines:
             print(line)
+
+
+@contextlib.contextmanager
+def kill_when(found, every: float = 0.05):
+    """`with kill_when(path) as killed: run = launch(...)`. While the block runs, a thread
+    waits for a rank's pid, then SIGKILLs that process from outside, as a failing machine
+    would. `found` is the file the rank writes its pid into (renamed into place, so that it
+    is never read half-written), or a function that returns the pid or None. `killed`
+    holds the pid once it is sent (empty: none came before the block ended)."""
+    find = found if callable(found) else lambda: _pid_in(Path(found))
+    done, killed = threading.Event(), []
+
+    def watch():
+        while not done.wait(every):
+            if pid := find():
+                killed.append(pid)
+                os.kill(pid, signal.SIGKILL)
+                return
+
+    thread = threading.Thread(target=watch, daemon=True, name="multirank-kill")
+    thread.start()
+    try:
+        yield killed
+    finally:
+        done.set()  # however the block ended
+        thread.join()
+
+
+def _pid_in(path: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(path.read_text())
+    return None
 
 
 def parent_of(pid: int) -> int | None:

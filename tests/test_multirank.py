@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from scripts.manifest import LESSONS
-from scripts.multirank import GRACE_S, GROUP_TIMEOUT_S, launch, marked, running
+from scripts.multirank import GRACE_S, GROUP_TIMEOUT_S, kill_when, launch, marked, running
 
 WORKERS = Path(__file__).parent / "workers"
 pytestmark = pytest.mark.multirank
@@ -175,6 +175,19 @@ def test_a_sigkilled_parent_leaves_no_process(tmp_path, pdeathsig, nnodes):
         proc.wait()
         for pid in {int(line.split()[0]) for line in running(worker)} | {p for m in marks for p in marked(m)}:
             subprocess.run(["kill", "-9", str(pid)], check=False)  # never leave anything behind
+
+
+def test_kill_when_kills_the_pid_a_process_wrote(tmp_path):
+    """Lessons 12 and 14's drills: a thread SIGKILLs a process once it wrote its pid."""
+    flag = tmp_path / "paused"
+    script = f"import os, pathlib, time\npathlib.Path({str(flag)!r}).write_text(str(os.getpid()))\ntime.sleep(60)\n"
+    with kill_when(flag) as killed:
+        proc = subprocess.Popen([sys.executable, "-c", script])
+        code = proc.wait(30)
+    assert code == -signal.SIGKILL and killed == [proc.pid]
+    with kill_when(lambda: None) as nobody:  # nothing found before the block ends: no kill
+        time.sleep(0.2)
+    assert nobody == []
 
 
 def test_running_finds_a_process_by_its_command_line(tmp_path):

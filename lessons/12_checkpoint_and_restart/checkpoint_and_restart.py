@@ -60,8 +60,8 @@ torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 sys.path.insert(0, str(HERE.parent))  # lessons/: the multi-rank kit (lesson 09), the source map
 sys.path.insert(0, str(HERE))  # this folder: worker.py, the ranks' code and the drill's helpers
-from multirank import launch, section, show  # noqa: E402
-from worker import CONFIG, REVISION, Killer, Trainer, compatible, plot_drill  # noqa: E402
+from multirank import kill_when, launch, section, show  # noqa: E402
+from worker import CONFIG, REVISION, Trainer, compatible, held_pid, plot_drill  # noqa: E402
 
 WORKER = HERE / "worker.py"
 TMP = Path(tempfile.mkdtemp(prefix="lesson12-"))  # the lesson's checkpoints; removed at the end
@@ -582,7 +582,8 @@ print(f"step2 checkpoint holds the step-2 parameters: {equal}")
 # (`--hold 9`): on the first attempt every rank stops there (at a checkpoint step, inside
 # the write, once its own shard file is on disk), writes its pid and waits, so that the kill
 # lands at the same point on every run (the tests kill other ranks at other steps). A
-# thread of the parent (`Killer`, in `worker.py`) sends rank 1 SIGKILL. torchrun runs with
+# thread of the parent (the kit's `kill_when`, told by `held_pid` in `worker.py` which
+# process holds as rank 1) sends it SIGKILL. torchrun runs with
 # `--max-restarts=1`: when a rank fails, it stops the others and starts all ranks again,
 # new processes with `TORCHELASTIC_RESTART_COUNT=1` (the kit sets
 # `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, without which the restarted ranks' rendezvous
@@ -599,10 +600,8 @@ print(f"step2 checkpoint holds the step-2 parameters: {equal}")
 # %%
 drill_dir = TMP / "drill"
 drill_dir.mkdir()
-killer = Killer(drill_dir, rank=1)  # the parent's thread: SIGKILL rank 1 once the ranks hold
-killer.start()
-drill = launch(WORKER, ["drill", str(drill_dir), "--one", str(ck), "--hold", "9"], restarts=1)
-killer.stop()  # the launch is over
+with kill_when(lambda: held_pid(drill_dir, 1)) as killed:  # a thread: SIGKILL rank 1 once it holds
+    drill = launch(WORKER, ["drill", str(drill_dir), "--one", str(ck), "--hold", "9"], restarts=1)
 print(f"torchrun exit code {drill.code} after {drill.seconds:.1f} s; attempts {drill.attempts}")
 show(drill, "one to two", 0)
 
@@ -626,7 +625,7 @@ show(drill, "one to two", 0)
 show(drill, "attempt", 0)
 show(drill, "train", 0)
 pid1 = int(re.search(r"pid (\d+)", section(drill, "attempt", 0)[1][0])[1])
-print(f"the parent's SIGKILL went to rank 1 of attempt 0: {killer.pid == pid1}")
+print(f"the parent's SIGKILL went to rank 1 of attempt 0: {killed == [pid1]}")
 died = "failed (exitcode: -9) local_rank: 1" in drill.agent  # torchrun's own log line
 print(f"torchrun saw rank 1 exit with -9 (SIGKILL): {died}")
 

@@ -21,13 +21,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from scripts.multirank import launch, still_running
+from scripts.multirank import kill_when, launch, still_running
 
 pytestmark = pytest.mark.multirank
 HERE = Path(__file__).parent
 WORKER = HERE / "worker.py"
 sys.path.insert(0, str(HERE))
-import worker  # noqa: E402  (the drill's parent-side helpers: Killer, losses)
+import worker  # noqa: E402  (the drill's parent-side helpers: held_pid, losses)
 
 
 def test_single_process_restore_is_bitwise(lesson):
@@ -179,9 +179,9 @@ def check_drill(run, section, killed_rank, hold):
 
 def test_restart_drill(lesson):
     ns = lesson.ns
-    drill, killer = ns["drill"], ns["killer"]
+    drill, killed = ns["drill"], ns["killed"]
     check_drill(drill, ns["section"], killed_rank=1, hold=9)
-    assert killer.error is None and killer.pid is not None
+    assert len(killed) == 1, "rank 1 never held"
     # the cursor crosses an epoch: 6 batches an epoch, resumed after batch 6 of epoch 0
     assert ns["section"](drill, "attempt", 1)[0][-1] == "rank 0: resumed from step_6: epoch 0, 6 batches of it used"
     losses = list(worker.reference_losses(drill).values())
@@ -255,11 +255,9 @@ def test_temporary_files_removed(lesson):
 
 
 def drill_launch(root, rank, hold, extra=(), timeout=120):
-    killer = worker.Killer(root, rank)
-    killer.start()
-    run = launch(WORKER, ["drill", str(root), "--hold", str(hold), *extra], timeout=timeout, restarts=1)
-    killer.stop()  # the launch is over
-    assert killer.error is None, (killer.error, run.describe())
+    with kill_when(lambda: worker.held_pid(root, rank)) as killed:
+        run = launch(WORKER, ["drill", str(root), "--hold", str(hold), *extra], timeout=timeout, restarts=1)
+    assert len(killed) == 1, (f"rank {rank} never held", run.describe())
     return run
 
 

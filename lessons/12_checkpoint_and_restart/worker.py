@@ -18,10 +18,11 @@
   2, take step 3 and compare it with the ranks' uninterrupted step 3 (2 -> 1 -> 2). Then 12
   steps of a model with dropout on a shuffled data order, a checkpoint after every 3rd. On the
   first attempt every rank holds after step K (inside checkpoint K's write when K is a
-  checkpoint step) until the parent SIGKILLs one of them from outside (`Killer`); torchrun
-  (--max-restarts=1) starts both ranks again; they load the latest *complete* checkpoint
-  (with DCP's .metadata), check its config and code revision, replay, finish, and compare
-  with an uninterrupted 12-step run computed at the end of the same attempt.
+  checkpoint step) until the parent SIGKILLs one of them from outside (the kit's
+  `kill_when`); torchrun (--max-restarts=1) starts both ranks again; they load the latest
+  *complete* checkpoint (with DCP's .metadata), check its config and code revision, replay,
+  finish, and compare with an uninterrupted 12-step run computed at the end of the same
+  attempt.
 
 Rank identity comes from the environment at every start (torchrun's RANK, dist.get_rank());
 no file is named after a rank. Output, process group and teardown come from the course's kit,
@@ -34,7 +35,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import sys
 import threading
 import time
@@ -369,7 +369,7 @@ def drill(device, root, one=None, hold_at=None):
 
 
 # ---------------------------------------------------------------------------------------
-# the parent's side: lesson section 2's Trainer, the drill's Killer and figure
+# the parent's side: lesson section 2's Trainer, the drill's held_pid and figure
 
 
 class Trainer:
@@ -436,31 +436,14 @@ class Trainer:
 # (the drill's parent side)
 
 
-class Killer(threading.Thread):
-    """In the parent, beside a launch: wait until the ranks hold, SIGKILL `rank` from outside.
-    Reads the pid files the holding ranks wrote (named by pid, holding their RANK)."""
-
-    def __init__(self, root, rank, timeout=90.0):
-        super().__init__(daemon=True)
-        self.root, self.rank, self.timeout, self.pid, self.error = root, rank, timeout, None, None
-        self.over = threading.Event()  # the launch has ended: stop looking
-
-    def stop(self):
-        """Call when the launch has returned: ends the thread at once, whatever happened."""
-        self.over.set()
-        self.join()
-
-    def run(self):
-        end = time.monotonic() + self.timeout
-        while self.pid is None and not self.over.is_set() and time.monotonic() < end:
-            for f in (self.root / "held").glob("*") if (self.root / "held").is_dir() else ():
-                if f.read_text() == str(self.rank):
-                    self.pid = int(f.name)
-            time.sleep(0.05)
-        if self.pid is None:
-            self.error = f"rank {self.rank} never held"
-            return
-        os.kill(self.pid, signal.SIGKILL)
+def held_pid(root, rank):
+    """The pid of rank `rank` once it holds (its file in root/held is named by its pid and
+    holds its RANK), else None: for the kit's `kill_when`, which then SIGKILLs it."""
+    held = root / "held"
+    for f in held.glob("*") if held.is_dir() else ():
+        if f.read_text() == str(rank):
+            return int(f.name)
+    return None
 
 
 LOSS = re.compile(r"rank 0: step (\d+) loss (\S+) lr \S+")

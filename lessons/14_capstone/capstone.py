@@ -38,13 +38,10 @@ import atexit
 import contextlib
 import json
 import math
-import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -60,7 +57,7 @@ HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd(
 sys.path.insert(0, str(HERE.parent))  # lessons/: the multi-rank kit (lesson 09), the source map
 sys.path.insert(0, str(HERE))  # this folder: gpt.py
 import gpt  # noqa: E402
-from multirank import launch, section  # noqa: E402
+from multirank import kill_when, launch, section  # noqa: E402
 
 WORKER = HERE / "worker.py"
 STEPS, EVAL_EVERY = 150, 5  # stage 1: training steps; held-out evaluation every 5 steps
@@ -429,16 +426,16 @@ print(f"median step: float32 {eager_ms:.1f} ms, bf16 autocast {bf16_ms:.1f} ms, 
 #
 # The drill: the parent (this lesson) draws a step and a rank from a seed and passes the
 # step to the worker; after that step, on the first attempt only, both ranks stop and
-# write their pid into the checkpoint folder. A thread of the parent waits for the chosen
-# rank's file and kills that process with SIGKILL, from outside, as a failing machine
-# would. (The ranks stop so that the kill lands at the chosen step and the output is the
-# same on every run; a real failure lands anywhere, and nothing below depends on where.)
-# torchrun sees a rank die, stops the other one, and with `--max-restarts=1` starts both
-# again; the new ranks resume from the newest checkpoint that has DCP's `.metadata`, train
-# to step 40, and then, in the same processes, train an uninterrupted run from scratch
-# with no checkpoint and compare. The launch goes through the course's kit (lesson 09):
-# a hard timeout, every process of the launch killed however the launch ends, one log per
-# rank and attempt.
+# write their pid into the checkpoint folder. A thread of the parent (the kit's
+# `kill_when`) waits for the chosen rank's file and kills that process with SIGKILL,
+# from outside, as a failing machine would. (The ranks stop so that the kill lands at
+# the chosen step and the output is the same on every run; a real failure lands
+# anywhere, and nothing below depends on where.) torchrun sees a rank die, stops the
+# other one, and with `--max-restarts=1` starts both again; the new ranks resume from
+# the newest checkpoint that has DCP's `.metadata`, train to step 40, and then, in the
+# same processes, train an uninterrupted run from scratch with no checkpoint and
+# compare. The launch goes through the course's kit (lesson 09): a hard timeout, every
+# process of the launch killed however the launch ends, one log per rank and attempt.
 #
 # **Predict.** Which checkpoint does the second attempt load, and which steps run twice?
 # Are its final parameters bitwise equal to the uninterrupted 2-rank run's? Are the 2-rank
@@ -453,26 +450,10 @@ TMP = Path(tempfile.mkdtemp(prefix="lesson14-"))  # the drill's checkpoints; rem
 atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # ... and at exit, should a cell fail first
 
 
-def kill_when_paused(root, rank, done, killed):
-    """The parent's side of the drill: SIGKILL rank `rank` once it has written its pid
-    (it stopped after the chosen step). Returns when it did, or when `done` is set."""
-    flag = root / f"paused.rank{rank}"
-    while not done.wait(0.05):
-        if flag.exists():
-            killed.append(int(flag.read_text()))
-            os.kill(killed[-1], signal.SIGKILL)
-            return
-
-
-done, killed = threading.Event(), []
-killer = threading.Thread(target=kill_when_paused, args=(TMP, victim, done, killed), daemon=True)
-killer.start()
-try:
+# the kit's kill_when: a thread of the parent SIGKILLs the victim once it wrote its pid
+with kill_when(TMP / f"paused.rank{victim}") as killed:
     drill = launch(WORKER, ["drill", str(TMP), "--steps", str(SHORT), "--every", str(EVERY),
                             "--stop-at", str(stop_at)], restarts=1)
-finally:
-    done.set()  # the killer thread ends however the launch ended
-    killer.join()
 print(f"kill seed {KILL_SEED}: rank {victim} after step {stop_at} "
       f"(checkpoint every {EVERY} steps, {SHORT} steps)")
 print(f"torchrun exit code {drill.code} after {drill.seconds:.1f} s; attempts {drill.attempts}")

@@ -8,14 +8,10 @@ trainer larger on one GPU (bf16, compiled, flash attention), recorded for the GP
 The narrative launches ranks, so the tests here are `multirank` (that no rank outlives the
 lesson, the killed attempt's included, is the `lesson` fixture's check)."""
 
-import contextlib
 import math
-import os
 import re
-import signal
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -23,7 +19,7 @@ import pytest
 import torch
 
 from scripts import make_reversal
-from scripts.multirank import launch, running
+from scripts.multirank import kill_when, launch, running
 from scripts.pytest_course import import_file
 
 pytestmark = pytest.mark.multirank
@@ -237,33 +233,10 @@ def test_shuffler_state_in_process(exercise_module):
     assert all(torch.equal(a, b) for a, b in zip(got, later))
 
 
-@contextlib.contextmanager
-def killer(root, rank):
-    """While a drill runs: SIGKILL rank `rank` once it has paused (the lesson's parent does
-    the same in `kill_when_paused`; written out here so the exercise runs without the lesson)."""
-    done, killed = threading.Event(), []
-
-    def watch():
-        flag = root / f"paused.rank{rank}"
-        while not done.wait(0.05):
-            if flag.exists():
-                killed.append(int(flag.read_text()))
-                os.kill(killed[-1], signal.SIGKILL)
-                return
-
-    thread = threading.Thread(target=watch)
-    thread.start()
-    try:
-        yield killed
-    finally:
-        done.set()
-        thread.join()
-
-
 @pytest.mark.exercise("Shuffler")
 def test_shuffler_state_through_the_drill(exercise_module):
     exercise_module.Shuffler(10, 2).state_dict()  # a stub says "not attempted" here
-    with tempfile.TemporaryDirectory() as tmp, killer(Path(tmp), 1) as killed:
+    with tempfile.TemporaryDirectory() as tmp, kill_when(Path(tmp) / "paused.rank1") as killed:
         # 2000 rows / 64 = 31 batches an epoch: the kill after step 34 resumes from step_33,
         # in the second epoch
         run = launch(WORKER, ["drill", tmp, "--steps", "36", "--every", "11", "--stop-at", "34",
