@@ -581,7 +581,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/distributed/rendezvous.py:«line»  `def _env_rendezvous_handler(`
 #     What `init_process_group` runs when given neither `init_method` nor `store`
 #     (`env://`): it reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` from the

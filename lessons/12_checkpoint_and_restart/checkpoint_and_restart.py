@@ -983,7 +983,7 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
+# torch «version» installed in «folder»
 # torch/distributed/checkpoint/state_dict.py:«line»  `def _get_optim_state_dict(`
 #     Behind `get_state_dict(model, optim)`: an optimizer with no state yet first takes
 #     one `step()` with zero gradients and lr 0 (`_init_optim_state`, above), so that the

@@ -896,8 +896,8 @@ read_the_source([
 # %% [markdown]
 # Output:
 # ```text
-# torch 2.13.0 installed in «folder»
-# https://github.com/pytorch/pytorch/blob/v2.13.0/aten/src/ATen/native/LossNLL.cpp
+# torch «version» installed in «folder»
+# https://github.com/pytorch/pytorch/blob/v«version»/aten/src/ATen/native/LossNLL.cpp
 #     search for `nll_loss_out_frame`: `F.cross_entropy` with class targets is
 #     `log_softmax` then `nll_loss` (`cross_entropy_loss_symint`, further down). In this
 #     CPU kernel a target equal to `ignore_index` (-100, the schema's default) is counted
