@@ -114,7 +114,8 @@ show(run, "ddp")
 # fp16, all-reduces that, and casts back.
 #
 # **Predict.** A model with a layer its forward never calls: what do two backward passes do
-# under each setting? And what does fp16 compression save and cost?
+# under each setting? How many all-reduces does each iteration issue under each? And what
+# does fp16 compression save and cost?
 
 # %%
 show(run, "ddp knobs")
@@ -125,16 +126,27 @@ show(run, "ddp knobs")
 # rank 0: unused layer, DDP(defaults): RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one
 # rank 0: unused layer, DDP(find_unused_parameters=True): 2 backward passes ran, spare.weight.grad None
 # rank 0: unused layer, DDP(static_graph=True): 2 backward passes ran, spare.weight.grad None
+# rank 0: all-reduces in iterations 1, 2, 3, DDP(defaults, every parameter used): [1, 1, 1]; reducer's unused_parameter_size 0 bytes
+# rank 0: all-reduces in iterations 1, 2, 3, DDP(find_unused_parameters=True): [2, 2, 2]; reducer's unused_parameter_size 4224 bytes
+# rank 0: all-reduces in iterations 1, 2, 3, DDP(static_graph=True): [2, 1, 1]; reducer's unused_parameter_size 4224 bytes
+# rank 0: find_unused_parameters=True: the graph walked from the logits after each forward has 112 autograd nodes
 # rank 0: fp16_compress_hook: bytes all-reduced 59264 vs 118528; largest grad gap, relative to the tensor's largest grad, above 1e-6: True, below 1e-3: True
 # ```
 #
 # With the defaults the first backward leaves the bucket that holds the unused layer
 # incomplete, and DDP notices at the *second* forward, with an error that names the fix.
-# `find_unused_parameters=True` works, at a price paid every iteration: the graph walk after
-# each forward (DDP's documentation advises turning it off when it is not needed; we do not
-# time it here). `static_graph=True` works too, without the walk after the first
-# iteration, but it is a promise: a model whose set of used parameters changes from one
-# step to the next breaks it. The unused layer's gradient stays `None` either way. The fp16
+# `find_unused_parameters=True` works, at a price paid every iteration, which the lines
+# above count rather than time (a time would be lost in this tiny model's noise). After
+# each forward, DDP hands the outputs to its reducer, which walks the autograd graph back
+# from them (112 nodes here, counted by the worker's own walk of the same graph) to find
+# the parameters no gradient will reach; and every backward issues a second all-reduce,
+# 2 instead of 1 per iteration, to agree across ranks on which parameters were used (the
+# reducer's used-parameter map, `local_used_map_` in `reducer.cpp`). `static_graph=True`
+# pays that only in the first iteration, `[2, 1, 1]`: it records which parameters were
+# unused (the reducer's log says 4,224 bytes, the spare layer's 32 × 32 + 32 fp32 values)
+# and then assumes every later iteration uses the same ones. That is a promise: a model
+# whose set of used parameters changes from one step to the next breaks it. The unused
+# layer's gradient stays `None` either way. The fp16
 # hook halves the bytes each rank all-reduces, 59,264 instead of 118,528 for this model,
 # and pays in precision: the averaged gradients differ from the fp32 ones by up to about
 # fp16's rounding, more than 1e-6 and less than 1e-3 of each tensor's largest gradient
@@ -722,6 +734,9 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 #
 # - DDP keeps everything on every rank and all-reduces gradients: one step on 2 ranks equals
 #   one process (float64: to rounding); `no_sync` accumulation equals manual accumulation.
+#   With an unused layer the defaults fail at the second forward; `find_unused_parameters`
+#   costs a graph walk and a second all-reduce every iteration, `static_graph` the second
+#   all-reduce in the first iteration only.
 # - `fully_shard` bottom-up (blocks, then the root) makes one unit per call; parameters at
 #   rest are DTensors `Shard(0)`, each rank holding half of the 29,632 elements; create the
 #   optimizer after sharding. One AdamW step equals one process (float64: to rounding;

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.multirank
 HERE = Path(__file__).parent
 WORKER = HERE / "worker.py"
 N_PARAMS, ROOT, BLOCK = 29632, 4224, 12704  # elements: the model, its root unit, one block
+N_PARAMS_TENSORS = 29  # parameter tensors of the model
 
 
 def test_script_outputs(lesson):
@@ -156,6 +157,24 @@ def test_ddp_knobs(lesson):
     assert the(got, "rank 0: unused layer, DDP(defaults): RuntimeError: Expected to have finished reduction")
     for knob in ("find_unused_parameters=True", "static_graph=True"):
         assert f"rank 0: unused layer, DDP({knob}): 2 backward passes ran, spare.weight.grad None" in got
+    # what find_unused_parameters / static_graph cost: counts, not times (robust under load)
+    counts = {knob: the(got, f"rank 0: all-reduces in iterations 1, 2, 3, DDP({knob})")
+              for knob in ("defaults, every parameter used", "find_unused_parameters=True", "static_graph=True")}
+    spare = 4 * (32 * 32 + 32)  # the unused nn.Linear(32, 32), fp32 bytes
+    assert counts["defaults, every parameter used"].endswith("[1, 1, 1]; reducer's unused_parameter_size 0 bytes")
+    assert counts["find_unused_parameters=True"].endswith(f"[2, 2, 2]; reducer's unused_parameter_size {spare} bytes")
+    assert counts["static_graph=True"].endswith(f"[2, 1, 1]; reducer's unused_parameter_size {spare} bytes")
+    walk = the(got, "rank 0: find_unused_parameters=True: the graph walked")
+    worker = import_file(WORKER)
+    logits = worker.make_model(torch.float32, torch.device("cpu"))(torch.zeros(4, 8, dtype=torch.long))
+    assert int(number(walk, "each forward has ")) == worker.graph_nodes(logits), walk
+    seen, todo = set(), [logits.grad_fn]  # the walk reaches every parameter's AccumulateGrad
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo += [n for n, _ in node.next_functions]
+    assert sum(type(n).__name__ == "AccumulateGrad" for n in seen) == N_PARAMS_TENSORS
     hook = the(got, "rank 0: fp16_compress_hook:")
     assert f"bytes all-reduced {2 * N_PARAMS} vs {4 * N_PARAMS};" in hook
     assert hook.endswith("above 1e-6: True, below 1e-3: True"), hook

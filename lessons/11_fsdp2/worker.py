@@ -187,12 +187,44 @@ def compressed_grads(device, tokens, hook=None):
     return grads, sum(sent) or 4 * sum(g.numel() for g in grads)
 
 
+def graph_nodes(out):
+    """The autograd nodes reachable from out: the graph find_unused_parameters walks."""
+    seen, todo = set(), [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo += [n for n, _ in node.next_functions]
+    return len(seen)
+
+
+def all_reduces(kw, device, tokens, steps=3):
+    """All-reduces DDP issues in each of `steps` iterations (the profiler's c10d events);
+    with a knob, the model has the unused layer. Also the reducer's unused-bytes record."""
+    model = make_model(torch.float32, device)
+    if kw:
+        model.spare = nn.Linear(D, D)  # registered, never called
+    ddp, counts = DDP(model, **kw), []
+    for _ in range(steps):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            loss_fn(ddp, tokens).backward()
+        counts.append(sum(e.name == "c10d::allreduce_" for e in prof.events()))
+    return counts, ddp._get_ddp_logging_data()["unused_parameter_size"]
+
+
 def show_ddp_knobs(device):
     heading("ddp knobs")
     _, mine = batch(device)
     for kw in ({}, {"find_unused_parameters": True}, {"static_graph": True}):
         shared(f"unused layer, DDP({', '.join(f'{k}={v}' for k, v in kw.items()) or 'defaults'}): "
                f"{unused_steps(kw, device, mine)}")
+    for kw in ({}, {"find_unused_parameters": True}, {"static_graph": True}):
+        counts, unused = all_reduces(kw, device, mine)
+        name = ", ".join(f"{k}={v}" for k, v in kw.items()) or "defaults, every parameter used"
+        shared(f"all-reduces in iterations 1, 2, 3, DDP({name}): {counts}; "
+               f"reducer's unused_parameter_size {unused} bytes")
+    nodes = graph_nodes(make_model(torch.float32, device)(mine[:, :-1]))
+    shared(f"find_unused_parameters=True: the graph walked from the logits after each forward has {nodes} autograd nodes")
     exact, full = compressed_grads(device, mine)
     half, small = compressed_grads(device, mine, default_hooks.fp16_compress_hook)
     rel = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(half, exact))
