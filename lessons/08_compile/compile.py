@@ -25,9 +25,12 @@
 # - what fusion buys against two one-read-one-write floors (`copy_` and `clone`), in and out
 #   of the CPU's last-level cache, and what the first call costs;
 # - what AOTAutograd hands the compiler (functionalized, decomposed), what the compile modes
-#   set, and regional compilation of repeated blocks.
+#   set, and regional compilation of repeated blocks;
+# - what a whole training step compiles into (the backward is a break, the optimizer's
+#   update a graph of its own) and what compiled autograd adds;
 # - where compile goes with DDP and FSDP2: DDP's graph split at bucket boundaries
-#   (`optimize_ddp`), and torchtitan's order, compile each block, then `fully_shard`.
+#   (`optimize_ddp`), and torchtitan's order, compile each block, then `fully_shard`;
+# - what a `TORCH_TRACE` structured log holds, the input of `tlparse`.
 #
 # **Prerequisites:** lesson 02 (ATen operators and the dispatcher), lesson 03 (autograd),
 # lesson 05 (autocast); lesson 06 for honest timing.
@@ -52,10 +55,15 @@
 # %%
 import collections
 import contextlib
+import json
 import logging
 import mmap
+import os
 import re
+import subprocess
 import sys
+import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -1004,6 +1012,136 @@ print(f"whole model:       {len(whole.graphs)} graph, ops {graph_ops(whole.graph
 # and compiled again for each change of depth.
 
 # %% [markdown]
+# **Predict.** Compile a whole training step instead of a module: one function that runs
+# the forward of two of these blocks, the loss, `loss.backward()`, Adam's `opt.step()` and
+# `opt.zero_grad()`. Is it one graph? Where does Dynamo stop, and does the optimizer's
+# update end up in a graph?
+
+
+# %%
+class AotCounting(CountingBackend):
+    """Keeps each graph, like CountingBackend, and hands it to aot_eager (a real backward)."""
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+
+def graph_breaks():
+    """Dynamo's count of graph breaks by reason so far (kept whatever the log settings say)."""
+    return collections.Counter(dynamo.utils.counters["graph_break"])
+
+
+def max_gap(a, b):
+    return max((u - v).abs().max().item() for u, v in zip(a, b))
+
+
+def whole_step(model, opt, x, y):
+    """One training step in one function: forward, loss, backward, update, zero the grads."""
+    loss = F.mse_loss(model(x), y)  # (B, 8) against (B, 8)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.detach()
+
+
+def run_steps(n=3, compiled=True, **config):
+    """n steps of whole_step with Adam on make_blocks(2), compiled with AotCounting under these
+    Dynamo settings (restored after) or eager: the backend, its graph count after the first
+    step, the graph breaks (reason -> count), and the losses and parameters at the end."""
+    dynamo.reset()
+    model, backend, before = make_blocks(2), AotCounting(), graph_breaks()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    with dynamo.config.patch(**config):
+        step = torch.compile(whole_step, backend=backend) if compiled else whole_step
+        losses = [step(model, opt, xw, yw)]
+        first = len(backend.graphs)
+        losses += [step(model, opt, xw, yw) for _ in range(n - 1)]
+    dynamo.reset()
+    return backend, first, graph_breaks() - before, losses + [p.detach() for p in model.parameters()]
+
+
+def break_reason(reason):
+    """The first line of a graph break's reason, and the function Dynamo refused to enter."""
+    skipped = re.search(r"the function `([^`]+)` should not be traced", reason)
+    return reason.splitlines()[0] + (f": {skipped.group(1)}" if skipped else "")
+
+
+torch.manual_seed(1)
+xw, yw = torch.randn(4, 8), torch.randn(4, 8)  # (B, 8) inputs and targets
+*_, eager_end = run_steps(compiled=False)
+step_backend, first, step_breaks, step_end = run_steps()
+print(f"3 compiled steps: {len(step_backend.graphs)} graphs, all captured in the first step: "
+      f"{first == len(step_backend.graphs)}")
+for i, gm in enumerate(step_backend.graphs):
+    ops = graph_ops(gm)
+    print(f"  graph {i}: {len(ops):>2} ops, kinds {sorted(set(ops))}")
+print(f"graph breaks {step_breaks.total()}:")
+for reason, count in step_breaks.items():
+    print(f"  {count} x {break_reason(reason)}")
+print(f"losses and parameters within 1e-5 of 3 eager steps: {max_gap(step_end, eager_end) < 1e-5}")
+ca_backend, _, _, ca_end = run_steps(compiled_autograd=True)
+ca_ops = graph_ops(ca_backend.graphs[1])
+print(f"with compiled_autograd=True: {len(ca_backend.graphs)} graphs; graph 1 now has "
+      f"{len(ca_ops)} ops, kinds {sorted(set(ca_ops))}")
+print(f"  within 1e-5 of eager: {max_gap(ca_end, eager_end) < 1e-5}; "
+      f"restored: compiled_autograd = {dynamo.config.compiled_autograd}")
+
+# %% [markdown]
+# Output:
+# ```text
+# 3 compiled steps: 3 graphs, all captured in the first step: True
+#   graph 0:  5 ops, kinds ['gelu', 'linear', 'mse_loss']
+#   graph 1: 76 ops, kinds ['add_', 'addcdiv_', 'copy_', 'fma.default', 'iadd', 'lerp_', 'mul', 'mul_', 'neg', 'pow', 'sqrt', 'sub', 'truediv']
+#   graph 2:  1 ops, kinds ['detach']
+# graph breaks 4:
+#   1 x Unsupported Tensor.backward() call
+#   2 x Call to `torch._dynamo.graph_break()`
+#   1 x Attempted to inline function marked as skipped: Optimizer.zero_grad
+# losses and parameters within 1e-5 of 3 eager steps: True
+# with compiled_autograd=True: 4 graphs; graph 1 now has 48 ops, kinds ['AccumulateGrad', 'call_aot_bwd_prologue', 'gelu_backward.default', 'getitem', 'mm.default', 'mse_loss_backward.default', 'reshape.default', 'sum.dim_IntList', 't.default', 'validate_outputs']
+#   within 1e-5 of eager: True; restored: compiled_autograd = False
+# ```
+#
+# Three graphs, not one, and four breaks. Reading the step from the top:
+#
+# - **Graph 0** is the forward and the loss, what compiling the module would have given.
+# - **`loss.backward()` breaks the graph**: Dynamo does not trace `Tensor.backward()` (its
+#   message names an experimental setting, `trace_autograd_ops`, off by default). Python
+#   runs it, and autograd's engine executes the backward that AOTAutograd derived for
+#   graph 0, as one node (section 9's test counts such nodes).
+# - **The update is a graph of its own**, and on purpose: `opt.step()` runs through
+#   `_use_grad` in `torch/optim/optimizer.py`, which calls `torch._dynamo.graph_break()`
+#   before the update and after it (the 2 user-inserted breaks), so that AOTAutograd sees the
+#   update alone, without gradients, and keeps its in-place writes visible to the compiler
+#   (its comment says why). Graph 1 holds the whole Adam update of the 4 parameters, 76 ops.
+#   Between the backward and the update nothing was left to record, so that stretch made no
+#   graph.
+# - **`opt.zero_grad()`** is a function Dynamo is told to skip: one more break, run by
+#   Python. Graph 2 is what followed it, the `detach` of the returned loss. (The line on
+#   stderr, `Profiler record function ... will be ignored`, is Dynamo meeting the profiler
+#   label that `opt.step()` opens: it traces the work inside and drops the label.)
+#
+# All three graphs were captured in the first step and reused after it. The result is not
+# bit for bit eager's (the test asserts a gap below 1e-5, and above 0): the traced update
+# computes Adam's bias corrections on tensors (the `pow` in graph 1: while compiling,
+# `_get_value` in `optimizer.py` keeps the step count a tensor), where eager takes the
+# step count out as a Python number and does that arithmetic in double precision.
+#
+# So when does compiling the whole step pay? The forward gains nothing over compiling the
+# module. What it adds is the update: one graph for every parameter's elementwise ops,
+# which Inductor can fuse into a few loops (section 6 fused a chain of five into one)
+# where eager launches each op for each parameter. That matters for a model with many
+# small parameters, and it comes with one `torch.compile` call for the whole loop body.
+# The backward is the part Dynamo never sees. *Compiled autograd*
+# (`torch._dynamo.config.compiled_autograd = True`, here patched for the cell only) is for
+# that: when `.backward()` runs, it captures the autograd graph that actually exists as one
+# more Dynamo graph and hands it to the same backend. The last lines show it: a new graph 1
+# between the forward and the update, holding the backward's ATen ops (`mm`,
+# `gelu_backward`, `mse_loss_backward`) and the `AccumulateGrad` that writes each `.grad`,
+# with the same result. It costs one more capture and compile.
+
+# %% [markdown]
 # ## 9. Compile inside the data-parallel wrapper: DDP and FSDP2
 #
 # Lessons 09 to 13 spread training over ranks with two wrappers: DDP (every rank holds the
@@ -1041,14 +1179,6 @@ class Stack(torch.nn.Module):
         return x
 
 
-class AotCounting(CountingBackend):
-    """Keeps each graph, like CountingBackend, and hands it to aot_eager (a real backward)."""
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return dynamo.lookup_backend("aot_eager")(gm, example_inputs)
-
-
 @contextlib.contextmanager
 def one_rank_group():
     """A gloo process group of one rank in this process: no launcher, no other rank."""
@@ -1066,15 +1196,6 @@ def train_step(model, x):
     loss.backward()
     grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in model.parameters()]
     return [loss.detach()] + [g.clone() for g in grads]
-
-
-def max_gap(a, b):
-    return max((u - v).abs().max().item() for u, v in zip(a, b))
-
-
-def graph_breaks():
-    """Dynamo's count of graph breaks by reason so far (kept whatever the log settings say)."""
-    return collections.Counter(dynamo.utils.counters["graph_break"])
 
 
 def ddp_graphs(order, optimize_ddp, x, ref, cap=1):
@@ -1164,7 +1285,8 @@ print(f"nn.Sequential: model.compile() {seq_counts[0]} graphs, torch.compile(mod
 # graph 3 times around your model's `forward`, which DDP calls and Dynamo captures as a
 # frame of its own. Those pieces of DDP held no tensor operation, so the backend never
 # received them. (Tracing DDP's `forward`, Dynamo also met the profiler `record_function`
-# that DDP opens to label its work, and logs to stderr that it ignores it.) Compiling the
+# that DDP opens to label its work, and ignored it. It says so on stderr once per process:
+# in this script already at section 8's `opt.step()`, which opens one too.) Compiling the
 # model and then wrapping it left DDP's `forward` to run eagerly: no break at all. That is
 # the order PyTorch's page *Where to apply torch.compile?* recommends, saying that `torch.compile` does not handle
 # distributed wrappers like DDP or FSDP very well; torchtitan does the same, compiling
@@ -1276,12 +1398,86 @@ print(f"one step's loss and grads within 1e-6 of the eager model without FSDP: {
 # %% [markdown]
 # ## Where next: structured logs and ahead-of-time compilation
 #
-# - `TORCH_TRACE=/some/dir python train.py` makes every compile write a structured log
-#   there, one file per process: each Dynamo graph (`dynamo_output_graph`), its guards
-#   (`dynamo_cpp_guards_str`) and per-compile metrics (`compilation_metrics`), among others
-#   (a slow test of this lesson checks those three). The separate tool `tlparse` (not in the
-#   course's environment) renders such a log as a browsable report; it is the first thing to
-#   collect when a large model compiles slowly or recompiles often.
+# On a real model the tools of this lesson print too much to read: hundreds of graphs,
+# guards and recompiles. `TORCH_TRACE=/some/dir python train.py` makes every compile in the
+# process write a *structured log* there instead: one line of JSON per event, with what
+# belongs to it (a graph, its guards, a reason) on the lines below. PyTorch reads the
+# variable once, when `torch` is imported, so we run a small compile in a fresh Python
+# process.
+#
+# **Predict.** The child process compiles `f`, which has a graph break, then calls it with a
+# new dtype. How many compiles does the log record, and what does each one say?
+
+# %%
+TRACED = textwrap.dedent("""
+    import torch
+
+    def f(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y * 2
+
+    cf = torch.compile(f, backend="eager")
+    cf(torch.ones(3))
+    cf(torch.ones(3, dtype=torch.float64))  # a new dtype: a recompile
+""")
+
+
+def torch_trace(code, folder):
+    """Run code in a fresh Python process with TORCH_TRACE=folder; the files it wrote."""
+    env = {**os.environ, "TORCH_TRACE": str(folder), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return sorted(Path(folder).iterdir())
+
+
+def trace_events(text):
+    """The events of a structured log: one JSON object per line that does not start with a
+    tab (the lines below an event, tab-indented, hold its payload)."""
+    lines = text.splitlines()
+    return [json.loads(ln[ln.index("{"):]) for ln in lines if not ln.startswith("\t") and "{" in ln]
+
+
+with tempfile.TemporaryDirectory() as folder:
+    trace_files = torch_trace(TRACED, folder)
+    trace_text = trace_files[0].read_text()
+events = trace_events(trace_text)
+names = [re.sub(r"^(dedicated_log_torch_trace_)\w+(\.log)$", r"\1<random>\2", p.name) for p in trace_files]
+print(f"TORCH_TRACE wrote {len(trace_files)} file: {names}")  # <random>: tempfile's random part
+kinds = collections.Counter(next(iter(e)) for e in events)  # an event's first key: its kind
+artifacts = collections.Counter(e["artifact"]["name"] for e in events if "artifact" in e)
+for m in (e["compilation_metrics"] for e in events if "compilation_metrics" in e):
+    print(f"compile {m['compile_id']} of {m['co_name']}: {m['graph_op_count']} graph op, "
+          f"recompile reason: {m['recompile_reason']}")
+print("events: " + ", ".join(f"{k} {kinds[k]}" for k in ["dynamo_start", "dynamo_output_graph",
+                                                          "dynamo_cpp_guards_str", "compilation_metrics"]))
+print("among the artifacts: " + ", ".join(f"{k} {artifacts[k]}" for k in ["dynamo_graph_break_reason",
+                                                                           "recompile_reasons"]))
+
+# %% [markdown]
+# Output:
+# ```text
+# TORCH_TRACE wrote 1 file: ['dedicated_log_torch_trace_<random>.log']
+# compile 0/0 of f: 1 graph op, recompile reason: None
+# compile 1/0 of torch_dynamo_resume_in_f_at_6: 1 graph op, recompile reason: None
+# compile 0/1 of f: 1 graph op, recompile reason: 0/0: tensor 'x' dtype mismatch. expected Float, actual Double
+# compile 1/1 of torch_dynamo_resume_in_f_at_6: 1 graph op, recompile reason: 1/0: tensor 'y' dtype mismatch. expected Float, actual Double
+# events: dynamo_start 4, dynamo_output_graph 4, dynamo_cpp_guards_str 4, compilation_metrics 4
+# among the artifacts: dynamo_graph_break_reason 2, recompile_reasons 2
+# ```
+#
+# One file per process, named at random. Four compiles: `f` and its continuation after the
+# break (`torch_dynamo_resume_in_f_at_6`, line 6 of the child's code), each captured once
+# for float32 and once again for float64, with the guard that failed written next to the
+# recompile, as section 1 read it from `guard_failures`. Each compile logs its start, its
+# graph, its guards and a record of metrics (`compilation_metrics`: op and guard counts,
+# times, cache hits, the reasons); artifacts carry longer texts, such as each graph
+# break's reason with its line. The file is written for a program: `tlparse`, a separate
+# tool not installed in the course's environment (`pip install tlparse`), turns it into a
+# browsable report. It is the first thing to collect when a large model compiles slowly or
+# recompiles often.
+#
 # - AOTInductor (`torch._inductor.aoti_compile_and_package`, with a graph from
 #   `torch.export`) runs the same Inductor pipeline ahead of time and writes the result to a
 #   package file, for serving a model without Dynamo's tracing at start-up. This lesson does
@@ -1316,12 +1512,19 @@ print(f"one step's loss and grads within 1e-6 of the eager model without FSDP: {
 # - AOTAutograd's graph is functional (`add_` becomes `add`) and decomposed by a table;
 #   `mode=` is a bundle of Inductor settings (`reduce-overhead` = CUDA graphs). Compiling
 #   each repeated block reuses one graph (two with gradients) whatever the depth.
+# - A whole training step compiled is three graphs: forward and loss, the optimizer's update
+#   (cut out on purpose by `torch.optim`, the part that gains from fusion) and the rest.
+#   `loss.backward()` is a graph break; compiled autograd captures the backward as one more
+#   graph when it runs.
 # - Under DDP, Dynamo cuts the graph where DDP's buckets end (`optimize_ddp=True`, the
 #   default), so each bucket's all-reduce can start during backward; it does so whether
 #   you compile the DDP module or the model inside it, but only the first breaks the graph
 #   inside DDP's own `forward`. With FSDP2, compile each block, then `fully_shard` each
 #   block and the root: FSDP's hooks, never traced, stay outside the graphs.
 #   `model.compile()` on an `nn.Sequential` of torch's layers captures nothing: count graphs.
+# - `TORCH_TRACE=dir` (read when `torch` is imported) makes every compile write a structured
+#   log: one JSON event per line, each compile's graph, guards and metrics, with its
+#   recompile reason; `tlparse` renders it as a report.
 # - On a GPU, this lesson's tests compare compiled and eager, check the caching allocator
 #   against the `clone` floor, and prove that `mode="reduce-overhead"` records and replays a
 #   CUDA graph: `make test-gpu`.
@@ -1480,9 +1683,12 @@ read_the_source([
 #    named the guard, `['scale == 2.0']`, and graph 1 takes `scale` as an input
 #    (*§ Capture: what the backend receives*); under `fail_on_recompile` such a failure
 #    raises and names its guard, `tensor 'x' rank mismatch. expected 1, actual 2`
-#    (*§ A guard for tests: `fail_on_recompile`*). (c) Kernel compilation: the backend's work
-#    on a graph already captured. `run_and_get_code` returned one generated file with one
-#    fused kernel, `cpp_fused_add_mul_relu_sub_0`, and the same code again after
+#    (*§ A guard for tests: `fail_on_recompile`*); a structured log records it with the
+#    compile, `recompile reason: 0/0: tensor 'x' dtype mismatch. expected Float, actual
+#    Double` (*§ Where next: structured logs and ahead-of-time compilation*). (c) Kernel
+#    compilation: the backend's work on a graph already captured. `run_and_get_code`
+#    returned one generated file with one fused kernel, `cpp_fused_add_mul_relu_sub_0`,
+#    and the same code again after
 #    `torch._dynamo.reset()` (*§ Inductor: the first call, the generated code, its cache*).
 #
 #    </details>

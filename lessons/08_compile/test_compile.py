@@ -1,11 +1,14 @@
 """Tests of lesson 08: documented outputs, the lesson's key values (read from its run; the
 timing test may call the compiled chain again, from the warm disk cache), its figure, the
 exercises (with a counting backend); slow tests for what needs fresh processes (the lesson
-under TORCH_LOGS=output_code, Inductor's vector width and cache under simulated CPUs); and,
+under TORCH_LOGS=output_code, Inductor's vector width and cache under simulated CPUs,
+TORCH_TRACE read at import); and,
 on CUDA, compiled vs eager, the caching allocator against the clone floor, and
 mode="reduce-overhead" recording and replaying a CUDA graph."""
 
 import functools
+import importlib
+import inspect
 import os
 import mmap
 import platform
@@ -558,17 +561,38 @@ def test_tensor_guards_dtype_stride_not_values(lesson):
     assert len(counting.graphs) == 3
 
 
+def test_torch_trace_structured_log(lesson):
+    """The prose on the TORCH_TRACE cell: one file per process, four compiles with their
+    recompile reasons, each with its start, graph, guards and metrics (op and guard counts,
+    times, cache hits), and artifacts with each break's reason and line."""
+    ns = lesson.ns
+    (log,) = ns["trace_files"]
+    assert log.name.startswith("dedicated_log_torch_trace_") and log.suffix == ".log"
+    metrics = [e["compilation_metrics"] for e in ns["events"] if "compilation_metrics" in e]
+    assert [m["compile_id"] for m in metrics] == ["0/0", "1/0", "0/1", "1/1"]
+    assert [m["co_name"] for m in metrics] == ["f", "torch_dynamo_resume_in_f_at_6"] * 2
+    assert [m["recompile_reason"] is None for m in metrics] == [True, True, False, False]
+    assert "dtype mismatch" in metrics[2]["recompile_reason"]
+    for key in ("graph_op_count", "guard_count", "duration_us", "aotautograd_local_cache_hit_count"):
+        assert all(key in m for m in metrics), key
+    for kind in ("dynamo_start", "dynamo_output_graph", "dynamo_cpp_guards_str", "compilation_metrics"):
+        assert ns["kinds"][kind] == 4, kind
+    assert ns["trace_text"].count("Graph break in user code at <string>:6") == 2
+    assert ns["TRACED"].splitlines()[5].strip() == "torch._dynamo.graph_break()"  # line 6
+
+
 @pytest.mark.slow
-def test_torch_trace_writes_structured_logs(tmp_path):
-    """The prose: TORCH_TRACE writes one log per process holding each graph, its guards and
-    the compile's metrics."""
-    code = "import torch; torch.compile(lambda x: x.sin() * 2, backend='eager')(torch.ones(3))"
-    env = {**os.environ, "TORCH_TRACE": str(tmp_path)}
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120, capture_output=True)
-    (log,) = list(tmp_path.iterdir())
-    text = log.read_text()
-    for kind in ("dynamo_output_graph", "dynamo_cpp_guards_str", "compilation_metrics"):
-        assert f'"{kind}"' in text, kind
+def test_torch_trace_is_read_when_torch_is_imported(tmp_path):
+    """The prose: PyTorch reads TORCH_TRACE once, at import; set afterwards, nothing is written
+    (hence the lesson's fresh process)."""
+    code = textwrap.dedent(f"""
+        import os, torch
+        os.environ["TORCH_TRACE"] = {str(tmp_path)!r}
+        torch.compile(lambda x: x.sin() * 2, backend="eager")(torch.ones(3))
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True,
+                   env={k: v for k, v in os.environ.items() if k != "TORCH_TRACE"})
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_aot_inductor_entry_point_exists():
@@ -586,6 +610,35 @@ def test_regional_compilation(lesson):
         assert len(graphs) == 2 and len(failed) == 1 and "requires_grad mismatch" in failed[0]
     assert len(ns["whole"].graphs) == 1
     assert ns["graph_ops"](ns["whole"].graphs[0]).count("linear") == 4
+
+
+def test_whole_training_step(lesson):
+    """The prose on the compiled training step: 3 graphs captured in the first step; breaks at
+    backward (naming trace_autograd_ops), twice inside torch.optim on purpose, and at
+    zero_grad; the update is every parameter's Adam ops with the bias corrections as tensor
+    ops (pow); close to eager but not bit for bit; compiled autograd adds the backward."""
+    ns = lesson.ns
+    ops = [ns["graph_ops"](gm) for gm in ns["step_backend"].graphs]
+    assert ns["first"] == 3 and len(ops) == 3
+    assert ops[0].count("linear") == 2 and "mse_loss" in ops[0] and ops[2] == ["detach"]
+    assert ops[1].count("lerp_") == 4 and ops[1].count("pow") == 8  # 4 parameters, 2 corrections each
+    assert "linear" not in ops[1] and "mse_loss" not in ops[1]
+    breaks = {r.splitlines()[0]: (r, k) for r, k in ns["step_breaks"].items()}
+    assert breaks["Unsupported Tensor.backward() call"][1] == 1
+    assert "trace_autograd_ops" in breaks["Unsupported Tensor.backward() call"][0]
+    assert breaks["Call to `torch._dynamo.graph_break()`"][1] == 2
+    assert "Optimizer.zero_grad" in breaks["Attempted to inline function marked as skipped"][0]
+    optimizer = importlib.import_module("torch.optim.optimizer")
+    assert inspect.getsource(optimizer._use_grad_for_differentiable).count("torch._dynamo.graph_break()") == 2
+    assert "is_compiling()" in inspect.getsource(optimizer._get_value)
+    gap = ns["max_gap"](ns["step_end"], ns["eager_end"])
+    assert 0 < gap < 1e-5, gap
+    ca = [ns["graph_ops"](gm) for gm in ns["ca_backend"].graphs]
+    assert len(ca) == 4 and ca[0] == ops[0] and ca[2] == ops[1] and ca[3] == ops[2]
+    assert {"AccumulateGrad", "gelu_backward.default", "mm.default", "mse_loss_backward.default"} <= set(ca[1])
+    assert ca[1].count("AccumulateGrad") == 4
+    assert ns["max_gap"](ns["ca_end"], ns["eager_end"]) < 1e-5
+    assert dynamo.config.compiled_autograd is False
 
 
 def test_ddp_optimizer_splits_at_bucket_boundaries(lesson):
