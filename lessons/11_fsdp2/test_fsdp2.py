@@ -193,6 +193,23 @@ def test_reshard_after_forward_int_is_a_group_size(lesson):
     assert bools["False"] == 6 * N_PARAMS and bools["True"] == 2 * N_PARAMS
 
 
+def test_reshard_after_forward_int_on_four_ranks(lesson):
+    """reshard_after_forward=2 on 4 ranks: a (2, 2) post-forward mesh, half the model per rank."""
+    run4 = lesson.ns["run4"]
+    assert run4.ok and sorted(run4.out) == [0, 1, 2, 3], run4.describe()
+    for rank in range(4):
+        assert "Traceback" not in run4.err[rank] and "Warning" not in run4.err[rank], run4.err[rank]
+    got = lesson.ns["section"](run4, "reshard int 4")[0]
+    start = "rank 0: reshard_after_forward=2 on 4 ranks, "
+    rest = f"holds {N_PARAMS // 4} of {N_PARAMS} elements; head.weight mesh (4,) (Shard(dim=0),), local [16, 32]"
+    assert got == [
+        start + "at rest: " + rest,
+        start + f"between forward and backward: holds {N_PARAMS // 2} of {N_PARAMS} elements; "
+                "head.weight mesh (2, 2) (Replicate(), Shard(dim=0)), local [32, 32]",
+        start + "after backward: " + rest,
+    ]
+
+
 def test_allocator_beside_the_model(lesson):
     """The profiler's CPU allocator bytes: DDP's bucket copy, the bucket view, FSDP2's peak.
     The smaller of the two ranks' counts, as the lesson prints (one rank's can come out high)."""

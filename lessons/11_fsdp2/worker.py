@@ -2,12 +2,15 @@
 
     torchrun --standalone --nproc-per-node=2 lessons/11_fsdp2/worker.py main
     torchrun --standalone --nproc-per-node=2 lessons/11_fsdp2/worker.py pinned
+    torchrun --standalone --nproc-per-node=4 lessons/11_fsdp2/worker.py int4
     ... worker.py main --backend nccl   # 2 CUDA devices; adds a `cuda_memory` section
 
 - `main`: DDP as the baseline (one step, `no_sync` accumulation); FSDP2 on a tiny
   transformer-like model: placements and local sizes, one AdamW step vs one process, the
   hooks on `__call__`, `reshard_after_forward`, mixed precision, memory per rank,
   `set_requires_gradient_sync(False)` accumulation, CPU offload.
+- `int4` (run it with `--nproc-per-node=4`): `reshard_after_forward=2` on 4 ranks, the
+  local sizes and placements at rest, between forward and backward, and after backward.
 - `pinned`: `CPUOffloadPolicy()` (pin_memory=True by default) on a machine without an
   accelerator; the error is not caught, so the part fails: the launch ends with exit code 1,
   cleanly (the kit's teardown: no barrier after a failure, destroy_process_group, os._exit).
@@ -425,6 +428,31 @@ def show_reshard_int(mesh, device):
     shared(f"logged: {logged[0] if logged else None}")
 
 
+def held(model):
+    """This rank's parameter elements now, and head.weight's mesh, placements, local shape."""
+    w = model.head.weight
+    kind = f"mesh {tuple(w.device_mesh.mesh.shape)} {w.placements}, local {list(w.to_local().shape)}"
+    total = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global one
+    return f"{sum(p.to_local().numel() for p in model.parameters())} of {total}", kind
+
+
+def int4_part(device):
+    """reshard_after_forward=2 on 4 ranks: resharded to groups of 2 between fwd and bwd."""
+    heading("reshard int 4")
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    _, mine = batch(device)
+    model = shard(make_model(torch.float32, device), mesh=mesh, reshard_after_forward=2)
+    for label in ("at rest", "between forward and backward", "after backward"):
+        if label == "after backward":
+            loss.backward()
+        n, kind = held(model)
+        shared(f"reshard_after_forward=2 on {dist.get_world_size()} ranks, {label}: "
+               f"holds {n} elements; head.weight {kind}")
+        if label == "at rest":
+            loss = loss_fn(model, mine)
+    return 0
+
+
 def show_mixed(mesh, device):
     heading("mixed")
     _, mine = batch(device)
@@ -590,4 +618,4 @@ def pinned_part(device):
 
 
 if __name__ == "__main__":
-    serve({"main": main_part, "pinned": pinned_part})
+    serve({"main": main_part, "pinned": pinned_part, "int4": int4_part})
