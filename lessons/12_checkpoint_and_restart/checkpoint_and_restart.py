@@ -699,12 +699,14 @@ show(drill, "reference", 1)
 # index of them. The rule: only a checkpoint that is *known* complete exists.
 #
 # **Identity comes from the environment, at every start.** A restarted rank is a new
-# process, and an elastic job may come back with other ranks or another world size. The
-# worker reads `RANK` and `WORLD_SIZE` (through `dist.get_rank()`) each time, never opens a
-# file named after a rank, and picks its RNG row by its rank *now*. The checkpoint records
-# the config, a hash of `worker.py` (the code revision) and the world size, and a resume
-# refuses a checkpoint that does not match. When a run uses a `GradScaler` (fp16, lesson
-# 05), its `state_dict()` belongs in the checkpoint too.
+# process: attempt 1's pids are not attempt 0's. Here it came back with the same `RANK`
+# and `WORLD_SIZE` (one torchrun agent, a fixed 2 ranks), and this lesson shows no other
+# case; the worker does not rely on that anyway. It reads `RANK` and `WORLD_SIZE` (through
+# `dist.get_rank()`) at each start, never opens a file named after a rank, and picks its
+# RNG row by its rank *now*. The checkpoint records the config, a hash of `worker.py` (the
+# code revision) and the world size, and a resume refuses a checkpoint that does not match:
+# the next cell shows that a run on 4 ranks would not match `step_6`. When a run uses a `GradScaler`
+# (fp16, lesson 05), its `state_dict()` belongs in the checkpoint too.
 #
 # **Predict.** Read `step_6`'s record with one process. Would a run with another learning
 # rate, or on 4 ranks, accept it?
@@ -919,7 +921,8 @@ with safe_open(TMP / "tiny.safetensors", framework="pt") as f:  # reads the head
 #   job; attempt 1 skipped the folder without `.metadata`, loaded `step_6` (model, Adam,
 #   scheduler, every rank's RNG state, the shuffled loader's cursor), checked its config,
 #   code revision and world size, replayed steps 7-9 and ended bitwise equal to an
-#   uninterrupted run, dropout included. Identity (rank, world size) comes from the
+#   uninterrupted run, dropout included. Attempt 1's ranks were new processes with the
+#   same `RANK` and `WORLD_SIZE` (one agent, 2 ranks), which the worker reads from the
 #   environment at every start.
 # - `torch.save` files are pickles that can run code when loaded; `weights_only=True` (the
 #   default since 2.6) refuses them. DCP reads `.metadata` with plain `pickle.load`: a
