@@ -18,7 +18,7 @@
 # - the hooks live on `__call__`: what `model.forward(x)` does (an error, or silently lost
 #   gradients), and the two fixes, `unshard()` and `register_fsdp_forward_method`;
 # - `reshard_after_forward` True / False / None: which modules are full or sharded between
-#   forward and backward, traced through one step; an integer is a group size (4 ranks);
+#   forward and backward, traced through one step;
 # - `MixedPrecisionPolicy`: bf16 compute, fp32 master parameters and gradients;
 # - memory per rank: a model counted from the tensors beside the CPU allocator's bytes
 #   (profiler) for DDP, DDP with `gradient_as_bucket_view=True` and FSDP2, and an
@@ -31,8 +31,7 @@
 # **How to run:** `python lessons/11_fsdp2/fsdp2.py` or `make lesson N=11` from the repository
 # root, or open `fsdp2.ipynb`. It launches `worker.py` once on 2 ranks (10–15 s on the CPU,
 # gloo backend) through the course's multi-rank kit, `lessons/multirank.py` (lesson 09
-# explains it); every section below reads that launch's output, but for one short launch
-# on 4 ranks in section 5 (`int4`). Run the worker yourself:
+# explains it); every section below reads that launch's output. Run the worker yourself:
 # `torchrun --standalone --nproc-per-node=2 lessons/11_fsdp2/worker.py main` (add
 # `--backend nccl` on a machine with 2 GPUs; `pinned` instead of `main` shows a launch that
 # fails cleanly). Each printing cell is followed by an *Output* block: what it printed with
@@ -386,36 +385,15 @@ show(run, "reshard int")
 # the number of ranks that shard (2 here: `3` raises). The two ends are the booleans: `1`
 # (each rank keeps the whole parameter) is `False`, the same 177,792 bytes, and FSDP2 logs
 # the warning above in case you meant `True`; `2`, all the ranks, is `True` (59,264). A
-# value in between needs at least 4 ranks: `_fsdp_init.py` then builds a post-forward mesh
-# of shape (world / k, k), each row a group of k ranks.
-#
-# **Predict.** On 4 ranks with `reshard_after_forward=2`, how many of the 29,632 elements
-# does a rank hold at rest, between forward and backward, and after backward? What does
-# `head.weight` look like between forward and backward? (A second launch, of 4 ranks: a few
-# seconds more.)
-
-# %%
-run4 = launch(WORKER, ["int4"], nproc=4, env=CPU_ONLY)
-print(f"torchrun exit code {run4.code}, output from ranks {sorted(run4.out)}")
-show(run4, "reshard int 4")
-
-# %% [markdown]
-# Output:
-# ```text
-# torchrun exit code 0, output from ranks [0, 1, 2, 3]
-# rank 0: reshard_after_forward=2 on 4 ranks, at rest: holds 7408 of 29632 elements; head.weight mesh (4,) (Shard(dim=0),), local [16, 32]
-# rank 0: reshard_after_forward=2 on 4 ranks, between forward and backward: holds 14816 of 29632 elements; head.weight mesh (2, 2) (Replicate(), Shard(dim=0)), local [32, 32]
-# rank 0: reshard_after_forward=2 on 4 ranks, after backward: holds 7408 of 29632 elements; head.weight mesh (4,) (Shard(dim=0),), local [16, 32]
-# ```
-#
-# At rest each of the 4 ranks holds a quarter (7,408 elements; `head.weight` is 16 of its 64
-# rows on a 1-D mesh of 4). After forward, instead of freeing the gathered copy entirely,
-# each unit keeps the shard for its group of 2: `head.weight` becomes a DTensor on a (2, 2)
-# mesh, `Replicate()` across the two groups and `Shard(0)` within one, 32 rows per rank, and
-# the rank holds half the model (14,816 elements) until backward, twice its state at rest.
-# Backward's all-gather then only needs the other rank of its group
-# (here every unit, the root too: an int applies to all units you pass it to, like an
-# explicit `True`), and after backward the rank is back to its quarter on the 1-D mesh.
+# value in between needs at least 4 ranks, not run here (a launch of 4 ranks costs this
+# 2-core machine 6 to 9 s more): `_fsdp_init.py` then builds a post-forward mesh of shape
+# (world / k, k), each row a group of k ranks. Run it yourself:
+# `torchrun --standalone --nproc-per-node=4 lessons/11_fsdp2/worker.py int4` prints, for
+# `reshard_after_forward=2`, a quarter of the elements per rank at rest (7,408, `head.weight`
+# 16 of its rows on a 1-D mesh of 4), half between forward and backward (14,816,
+# `head.weight` a DTensor on a (2, 2) mesh, `Replicate()` across the groups and `Shard(0)`
+# within one, 32 rows) and a quarter again after backward; a slow test of this lesson
+# (`make test-slow`) runs it and checks those lines.
 
 # %% [markdown]
 # ## 6. Mixed precision: bf16 compute, fp32 master weights
@@ -778,8 +756,8 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 # - `reshard_after_forward`: True frees every unit after its forward (one more all-gather in
 #   backward), False keeps all units full until backward (no second all-gather; here a peak
 #   of 177,792 parameter bytes per rank, against 126,976 for True and None), None (default)
-#   frees all but the root. An integer k is a group size: on 4 ranks, 2 keeps each unit
-#   sharded over a group of 2 between forward and backward (half the model per rank).
+#   frees all but the root. An integer is a group size to reshard to: on 2 ranks `1` is
+#   False, `2` is True, `3` raises.
 # - `MixedPrecisionPolicy(bf16, fp32)`: bf16 weights, activations and gathers; fp32 sharded
 #   master parameters and gradients.
 # - Per rank, FSDP2 halves parameters, gradients and AdamW state on 2 ranks; its peak adds

@@ -193,13 +193,16 @@ def test_reshard_after_forward_int_is_a_group_size(lesson):
     assert bools["False"] == 6 * N_PARAMS and bools["True"] == 2 * N_PARAMS
 
 
-def test_reshard_after_forward_int_on_four_ranks(lesson):
-    """reshard_after_forward=2 on 4 ranks: a (2, 2) post-forward mesh, half the model per rank."""
-    run4 = lesson.ns["run4"]
+@pytest.mark.slow  # a launch of 4 ranks: 6 to 9 s on 2 cores, so the lesson itself does not run it
+def test_reshard_after_forward_int_on_four_ranks():
+    """reshard_after_forward=2 on 4 ranks: a (2, 2) post-forward mesh, half the model per rank
+    (the lines section 5's prose quotes)."""
+    run4 = launch(WORKER, ["int4"], nproc=4, env={"CUDA_VISIBLE_DEVICES": ""})
     assert run4.ok and sorted(run4.out) == [0, 1, 2, 3], run4.describe()
     for rank in range(4):
         assert "Traceback" not in run4.err[rank] and "Warning" not in run4.err[rank], run4.err[rank]
-    got = lesson.ns["section"](run4, "reshard int 4")[0]
+    assert run4.leftover == 0 and running(WORKER) == []
+    got = [x for x in run4.out[0].splitlines() if x.startswith("rank 0: reshard_after_forward=2")]
     start = "rank 0: reshard_after_forward=2 on 4 ranks, "
     rest = f"holds {N_PARAMS // 4} of {N_PARAMS} elements; head.weight mesh (4,) (Shard(dim=0),), local [16, 32]"
     assert got == [
