@@ -382,7 +382,8 @@ def kill_when(found, every: float = 0.05):
         while not done.wait(every):
             if pid := find():
                 killed.append(pid)
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it may have ended by itself
+                    os.kill(pid, signal.SIGKILL)
                 return
 
     thread = threading.Thread(target=watch, daemon=True, name="multirank-kill")

@@ -35,9 +35,10 @@ def render(rows) -> str:
 
 
 def main() -> None:
+    rows = make_rows()
     CSV.parent.mkdir(exist_ok=True)
-    CSV.write_text(render(make_rows()))
-    print(f"wrote {CSV.relative_to(ROOT)}: {len(make_rows())} rows")
+    CSV.write_text(render(rows))
+    print(f"wrote {CSV.relative_to(ROOT)}: {len(rows)} rows")
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ def mastery_problems(lesson: Lesson) -> list[str]:
 
 def question(lesson: Lesson, k: int) -> str:
     """The text of question k of a lesson's Mastery check (without its answer); '' if none."""
-    parts = re.split(r"^\d+\.\s", section(lesson.script, "Mastery check"), flags=re.M)[1:]
+    parts = QUESTION.split(section(lesson.script, "Mastery check"))[1:]
     return parts[k - 1].split("<details>")[0] if 0 < k <= len(parts) else ""
 
 
