@@ -142,15 +142,15 @@ show(run, "ddp knobs")
 # the parameters no gradient will reach; and every backward issues a second all-reduce,
 # 2 instead of 1 per iteration, to agree across ranks on which parameters were used (the
 # reducer's used-parameter map, `local_used_map_` in `reducer.cpp`). `static_graph=True`
-# pays that only in the first iteration, `[2, 1, 1]`: it records which parameters were
-# unused (the reducer's log says 4,224 bytes, the spare layer's 32 × 32 + 32 fp32 values)
-# and then assumes every later iteration uses the same ones. That is a promise: a model
-# whose set of used parameters changes from one step to the next breaks it. The unused
-# layer's gradient stays `None` either way. The fp16
-# hook halves the bytes each rank all-reduces, 59,264 instead of 118,528 for this model,
-# and pays in precision: the averaged gradients differ from the fp32 ones by up to about
-# fp16's rounding, more than 1e-6 and less than 1e-3 of each tensor's largest gradient
-# (the hook is registered with `ddp.register_comm_hook(None, hook)`).
+# pays that second all-reduce only in the first iteration, `[2, 1, 1]`: it records which
+# parameters were unused (the reducer's log says 4,224 bytes, the spare layer's 32 × 32 +
+# 32 fp32 values) and then assumes every later iteration uses the same ones. That is a
+# promise: a model whose set of used parameters changes from one step to the next breaks
+# it. The unused layer's gradient stays `None` either way. The fp16 hook halves the bytes
+# each rank all-reduces, 59,264 instead of 118,528 for this model, and pays in precision:
+# the averaged gradients differ from the fp32 ones by up to about fp16's rounding, more
+# than 1e-6 and less than 1e-3 of each tensor's largest gradient (the hook is registered
+# with `ddp.register_comm_hook(None, hook)`).
 
 # %% [markdown]
 # ## 2. `fully_shard`: parameters become DTensor shards
@@ -385,8 +385,8 @@ show(run, "reshard int")
 # the number of ranks that shard (2 here: `3` raises). The two ends are the booleans: `1`
 # (each rank keeps the whole parameter) is `False`, the same 177,792 bytes, and FSDP2 logs
 # the warning above in case you meant `True`; `2`, all the ranks, is `True` (59,264). A
-# value in between needs at least 4 ranks, not run here (a launch of 4 ranks costs this
-# 2-core machine 6 to 9 s more): `_fsdp_init.py` then builds a post-forward mesh of shape
+# value in between needs at least 4 ranks, not run here (a 4-rank launch does not fit this
+# lesson's time budget): `_fsdp_init.py` then builds a post-forward mesh of shape
 # (world / k, k), each row a group of k ranks. Run it yourself:
 # `torchrun --standalone --nproc-per-node=4 lessons/11_fsdp2/worker.py int4` prints, for
 # `reshard_after_forward=2`, a quarter of the elements per rank at rest (7,408, `head.weight`
