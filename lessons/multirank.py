@@ -8,10 +8,12 @@ In the parent (a lesson, a test):
 
     run = launch(WORKER, ["part"])               # 1 torchrun agent, 2 ranks
     run = launch(WORKER, ["part"], nnodes=2)     # 2 agents joining one rendezvous: 4 ranks
+    run = launch(WORKER, ["part"], nnodes=2, min_nodes=1, restarts=1)  # elastic: 1 node may go
     run.code, run.seconds, run.out[rank], run.err[rank]
     show(run, "name")                            # print one `== name ==` section of each rank
     with kill_when(pid_file) as killed:          # SIGKILL a rank from outside once it wrote
         run = launch(WORKER, ["drill"], restarts=1)  # its pid there (a failing machine)
+    with kill_when(lambda: node_of(pid)) ...     # SIGKILL a rank's agent and its ranks (a node)
 
 In a worker (one rank):
 
@@ -65,15 +67,19 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["GRACE_S", "GROUP_TIMEOUT_S", "LAUNCHER", "MARK", "Run", "heading", "kill_launch", "kill_when", "launch",
-           "marked", "parent_of", "running", "say", "section", "serve", "setup", "shared", "show",
-           "still_running", "teardown"]
+__all__ = ["ELASTIC_RDZV", "GRACE_S", "GROUP_TIMEOUT_S", "LAUNCHER", "MARK", "Run", "heading", "kill_launch",
+           "kill_when", "launch", "marked", "node_of", "parent_of", "running", "say", "section", "serve", "setup",
+           "shared", "show", "still_running", "teardown"]
 
 MARK = "COURSE_LAUNCH_ID"  # the environment variable every process of a launch carries
 LAUNCHER = "COURSE_LAUNCHER_PID"  # the pid of the process that called launch(), for the ranks
 WATCH_S = 0.5  # how often a rank checks that the process that called launch() is alive
 GRACE_S = 3.0  # after SIGTERM, how long torchrun gets to stop its ranks itself
 GROUP_TIMEOUT_S = 60  # a rank's default process group: an error after this, never gloo's 30 min
+# An elastic launch's rendezvous: a node that misses 2 heartbeats 1 s apart is dropped, and a
+# round closes 2 s after it has min_nodes (torchrun's defaults: 5 s x 3 and 30 s). The 2 s is
+# also how late the second agent of a launch may join the first round without it closing.
+ELASTIC_RDZV = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2"
 HEADER = re.compile(r"rank (\d+): == (.*) ==")  # a worker's section heading
 FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", re.S)
 _ACTIVE: dict[str, list[subprocess.Popen]] = {}  # mark -> agents of the launches in flight
@@ -94,6 +100,7 @@ class Run:
     exit_codes: dict  # {rank: exit code}; None: the launch failed and torchrun stopped it
     leftover: int = 0  # processes of the launch alive after torchrun exited (killed): 0
     mark: str = ""  # the COURSE_LAUNCH_ID its processes carried (see marked)
+    agent_codes: tuple = ()  # each agent's exit status, in the order they were started
 
     @property
     def attempts(self) -> list[int]:
@@ -132,23 +139,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def commands(worker, args, nproc, nnodes, restarts, logs: Path, mark: str) -> list[list[str]]:
+def commands(worker, args, nproc, nnodes, restarts, logs: Path, mark: str,
+             min_nodes: int | None = None) -> list[list[str]]:
     """One torchrun command per agent. nnodes > 1: agents on this machine that join one c10d
-    rendezvous, exactly as the nodes of a multi-node job do (the first one hosts its store)."""
+    rendezvous, exactly as the nodes of a multi-node job do (the first one hosts its store).
+    min_nodes < nnodes: an elastic job (`--nnodes=min:max`) that goes on while min_nodes
+    remain; the *last* agent hosts the store, so that the first one (node 0: c10d numbers
+    nodes by pid) can die without taking the rendezvous with it."""
     run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--max-restarts={restarts}", "--redirects", "3"]
     tail = [str(worker), *map(str, args)]
     if nnodes == 1:
         return [[*run, "--standalone", "--log-dir", str(logs / "agent0"), *tail]]
-    port = free_port()
-    return [[*run, f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-             f"--rdzv-id={mark[:12]}", f"--rdzv-conf=is_host={int(i == 0)}",
+    port, elastic = free_port(), min_nodes is not None and min_nodes < nnodes
+    size, host = (f"{min_nodes}:{nnodes}", nnodes - 1) if elastic else (str(nnodes), 0)
+    conf = f",{ELASTIC_RDZV}" if elastic else ""
+    return [[*run, f"--nnodes={size}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+             f"--rdzv-id={mark[:12]}", f"--rdzv-conf=is_host={int(i == host)}{conf}",
              "--log-dir", str(logs / f"agent{i}"), *tail] for i in range(nnodes)]
 
 
-def launch(worker, args=(), *, nproc: int = 2, nnodes: int = 1, timeout: float = 120.0,
-           restarts: int = 0, env: dict | None = None) -> Run:
-    """Run `worker args` on nnodes x nproc ranks under a hard timeout; leave no process."""
+def launch(worker, args=(), *, nproc: int = 2, nnodes: int = 1, min_nodes: int | None = None,
+           timeout: float = 120.0, restarts: int = 0, env: dict | None = None) -> Run:
+    """Run `worker args` on nnodes x nproc ranks under a hard timeout; leave no process.
+    min_nodes < nnodes makes the job elastic: when an agent dies, the others go on (each may
+    restart its ranks, `restarts` times) and the launch waits for all of them."""
     logs = Path(tempfile.mkdtemp(prefix="multirank-"))
     mark = uuid.uuid4().hex
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
@@ -159,11 +174,11 @@ def launch(worker, args=(), *, nproc: int = 2, nnodes: int = 1, timeout: float =
     start, timed_out, leftover = time.monotonic(), False, None
     try:
         with _sigterm_kills_launches():
-            for i, cmd in enumerate(commands(worker, args, nproc, nnodes, restarts, logs, mark)):
+            for i, cmd in enumerate(commands(worker, args, nproc, nnodes, restarts, logs, mark, min_nodes)):
                 with open(logs / f"agent{i}.log", "w") as out:
                     agents.append(subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
                                                    start_new_session=True, preexec_fn=_die_with_launcher()))
-            timed_out = not _wait(agents, start + timeout)
+            timed_out = not _wait(agents, start + timeout, stop_others=min_nodes in (None, nnodes))
             if timed_out:
                 _stop(agents, mark)
         leftover = kill_launch(agents, mark)
@@ -195,9 +210,10 @@ def _die_with_launcher():
     return preexec
 
 
-def _wait(agents, deadline: float) -> bool:
+def _wait(agents, deadline: float, stop_others: bool = True) -> bool:
     """Wait for every agent; False at the deadline. Once one agent fails, the others (other
-    'nodes') get GRACE_S to notice before they are stopped."""
+    'nodes') get GRACE_S to notice before they are stopped (stop_others; not in an elastic
+    job, whose survivors carry on)."""
     if len(agents) == 1:
         try:
             agents[0].wait(max(deadline - time.monotonic(), 0))
@@ -211,7 +227,7 @@ def _wait(agents, deadline: float) -> bool:
             return False
         if failed_at is None and any(a.poll() not in (None, 0) for a in agents):
             failed_at = now
-        if failed_at is not None and now - failed_at > GRACE_S and not stopped:
+        if stop_others and failed_at is not None and now - failed_at > GRACE_S and not stopped:
             for a in agents:
                 if a.poll() is None:
                     a.send_signal(signal.SIGTERM)
@@ -330,21 +346,24 @@ def _sigterm_kills_launches():
 def _collect(logs: Path, agents, nproc: int, seconds: float, timed_out: bool, leftover: int) -> Run:
     """Each rank's stdout and stderr of every attempt; exit codes from torchrun's summary."""
     agent = "".join((logs / f"agent{i}.log").read_text() for i in range(len(agents)))
-    # c10d numbers the agents ('nodes') in the order of their pids: the rendezvous sorts its
-    # participants by (host, pid), and every agent here has the same host
-    node = {a.pid: n for n, a in enumerate(sorted(agents, key=lambda a: a.pid))}
+    folders = [(int(f.parent.name.split("_")[1]), a.pid, int(f.name), f)
+               for i, a in enumerate(agents) for f in (logs / f"agent{i}").glob("*/attempt_*/*")]
     found = {}
-    for i, a in enumerate(agents):
-        for folder in (logs / f"agent{i}").glob("*/attempt_*/*"):
-            attempt, local = int(folder.parent.name.split("_")[1]), int(folder.name)
-            read = lambda name: (folder / name).read_text() if (folder / name).exists() else ""  # noqa: E731
-            found[attempt, node[a.pid] * nproc + local] = (read("stdout.log"), read("stderr.log"))
+    for attempt, pid, local, folder in folders:
+        # c10d numbers the agents ('nodes') of a round in the order of their pids: the
+        # rendezvous sorts its participants by (host, pid), and every agent here has the same
+        # host. A round's nodes are the agents that started that attempt (in an elastic job,
+        # the survivors)
+        nodes = sorted({p for a, p, _, _ in folders if a == attempt})
+        read = lambda name: (folder / name).read_text() if (folder / name).exists() else ""  # noqa: E731
+        found[attempt, nodes.index(pid) * nproc + local] = (read("stdout.log"), read("stderr.log"))
     codes = [a.returncode for a in agents]
     code = None if timed_out else next((c for c in codes if c != 0), 0)
     failed = {int(r): int(c) for r, c in FAILURE.findall(agent)}
     ranks = {r for _, r in found} | set(range(nproc * len(agents)))
     exits = {r: failed.get(r, 0 if code == 0 else None) for r in sorted(ranks)}
-    return Run(code, seconds, timed_out, agent, found, exits, 0 if timed_out else leftover)
+    return Run(code, seconds, timed_out, agent, found, exits, 0 if timed_out else leftover,
+               agent_codes=tuple(codes))
 
 
 def section(run: Run, name: str, attempt: int = -1) -> dict[int, list[str]]:
@@ -374,16 +393,19 @@ def kill_when(found, every: float = 0.05):
     waits for a rank's pid, then SIGKILLs that process from outside, as a failing machine
     would. `found` is the file the rank writes its pid into (renamed into place, so that it
     is never read half-written), or a function that returns the pid or None. `killed`
-    holds the pid once it is sent (empty: none came before the block ended)."""
+    holds the pid once it is sent (empty: none came before the block ended). The function
+    may return a list of pids instead (`node_of`: a machine dies with all its processes):
+    they are killed in that order and all land in `killed`."""
     find = found if callable(found) else lambda: _pid_in(Path(found))
     done, killed = threading.Event(), []
 
     def watch():
         while not done.wait(every):
-            if pid := find():
-                killed.append(pid)
-                with contextlib.suppress(ProcessLookupError):  # it may have ended by itself
-                    os.kill(pid, signal.SIGKILL)
+            if pids := find():
+                for pid in [pids] if isinstance(pids, int) else pids:
+                    killed.append(pid)
+                    with contextlib.suppress(ProcessLookupError):  # it may have ended by itself
+                        os.kill(pid, signal.SIGKILL)
                 return
 
     thread = threading.Thread(target=watch, daemon=True, name="multirank-kill")
@@ -407,6 +429,15 @@ def parent_of(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     ps = subprocess.run(["ps", "-o", "ppid=", "-p", str(pid)], capture_output=True, text=True)
     return int(ps.stdout) if ps.stdout.strip() else None
+
+
+def node_of(rank_pid: int | None) -> list[int] | None:
+    """A rank's torchrun agent, then the agent's ranks (this one among them): what dies when
+    the machine running that agent dies. For kill_when: the agent first, so that it cannot
+    restart the ranks; None while rank_pid is None."""
+    if rank_pid is None or (agent := parent_of(rank_pid)) is None:
+        return None
+    return [agent, *sorted(_descendants([agent]))]
 
 
 def running(path) -> list[str]:
