@@ -18,7 +18,8 @@
 # - the hooks live on `__call__`: what `model.forward(x)` does (an error, or silently lost
 #   gradients), and the two fixes, `unshard()` and `register_fsdp_forward_method`;
 # - `reshard_after_forward` True / False / None: which modules are full or sharded between
-#   forward and backward, traced through one step;
+#   forward and backward, traced through one step; an integer as a group size, on 4 ranks
+#   played by this one process in a *fake* process group (real shapes, no data moved);
 # - `MixedPrecisionPolicy`: bf16 compute, fp32 master parameters and gradients;
 # - memory per rank: a model counted from the tensors beside the CPU allocator's bytes
 #   (profiler) for DDP, DDP with `gradient_as_bucket_view=True` and FSDP2, and an
@@ -31,19 +32,24 @@
 # **How to run:** `python lessons/11_fsdp2/fsdp2.py` or `make lesson N=11` from the repository
 # root, or open `fsdp2.ipynb`. It launches `worker.py` once on 2 ranks (10–15 s on the CPU,
 # gloo backend) through the course's multi-rank kit, `lessons/multirank.py` (lesson 09
-# explains it); every section below reads that launch's output. Run the worker yourself:
+# explains it); every section below reads that launch's output, except two cells of section
+# 5, which run in this process on a fake group of 4 ranks. Run the worker yourself:
 # `torchrun --standalone --nproc-per-node=2 lessons/11_fsdp2/worker.py main` (add
 # `--backend nccl` on a machine with 2 GPUs; `pinned` instead of `main` shows a launch that
-# fails cleanly). Each printing cell is followed by an *Output* block: what it printed with
+# fails cleanly; `--nproc-per-node=4 ... worker.py int4` is section 5's part on 4 real
+# ranks). Each printing cell is followed by an *Output* block: what it printed with
 # the pinned PyTorch (2.13.0), checked by `make test`.
 
 # %%
+import contextlib
+import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
+import torch.distributed as dist
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
@@ -385,15 +391,106 @@ show(run, "reshard int")
 # the number of ranks that shard (2 here: `3` raises). The two ends are the booleans: `1`
 # (each rank keeps the whole parameter) is `False`, the same 177,792 bytes, and FSDP2 logs
 # the warning above in case you meant `True`; `2`, all the ranks, is `True` (59,264). A
-# value in between needs at least 4 ranks, not run here (a 4-rank launch does not fit this
-# lesson's time budget): `_fsdp_init.py` then builds a post-forward mesh of shape
-# (world / k, k), each row a group of k ranks. Run it yourself:
-# `torchrun --standalone --nproc-per-node=4 lessons/11_fsdp2/worker.py int4` prints, for
-# `reshard_after_forward=2`, a quarter of the elements per rank at rest (7,408, `head.weight`
-# 16 of its rows on a 1-D mesh of 4), half between forward and backward (14,816,
-# `head.weight` a DTensor on a (2, 2) mesh, `Replicate()` across the groups and `Shard(0)`
-# within one, 32 rows) and a quarter again after backward; a slow test of this lesson
-# (`make test-slow`) runs it and checks those lines.
+# value in between needs at least 4 ranks: `_fsdp_init.py` then builds a post-forward mesh
+# of shape (world / k, k), each row a group of k ranks.
+#
+# A launch of 4 ranks does not fit this lesson's time budget on 2 cores, but this process
+# can *play* rank 0 of 4 on its own: `dist.init_process_group("fake", rank=0, world_size=4)`
+# joins a group on PyTorch's fake backend (`dist.Backend.FAKE`), which needs no store and no
+# other process. Every collective on it returns at once, and everything else is FSDP2's real
+# code: the sharding, the post-forward mesh, the hooks. The cell runs the worker's `int4`
+# part in that group. It loads `worker.py` from its file under a name of its own (lessons
+# 09, 10 and 12 have a `worker.py` too, and the tests run several lessons in one process),
+# and destroys the group whatever happens, so nothing stays initialized after the cell.
+#
+# **Predict.** With `reshard_after_forward=2` on 4 ranks, what share of the 29,632
+# elements does a rank hold at rest, between forward and backward, and after backward? On
+# what mesh, and with how many of its 64 rows, is `head.weight` between forward and backward?
+
+# %%
+def load(path, name):
+    """A file of this folder as a module named `name`, not `worker`: other lessons' files
+    are called worker.py too, and sys.modules would hand back whichever came first."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def fake_group(world):
+    """This process as rank 0 of `world` ranks, on the fake backend; destroyed on the way
+    out, error or not (other lessons may run in this process after this one)."""
+    dist.init_process_group("fake", rank=0, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+worker = load(WORKER, "course_lesson11_worker")
+with fake_group(4):
+    worker.int4_part(torch.device("cpu"))  # prints rank 0's lines, as in a real launch
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: == reshard int 4 ==
+# rank 0: reshard_after_forward=2 on 4 ranks, at rest: holds 7408 of 29632 elements; head.weight mesh (4,) (Shard(dim=0),), local [16, 32]
+# rank 0: reshard_after_forward=2 on 4 ranks, between forward and backward: holds 14816 of 29632 elements; head.weight mesh (2, 2) (Replicate(), Shard(dim=0)), local [32, 32]
+# rank 0: reshard_after_forward=2 on 4 ranks, after backward: holds 7408 of 29632 elements; head.weight mesh (4,) (Shard(dim=0),), local [16, 32]
+# ```
+#
+# A quarter of the elements at rest (7,408: `head.weight` has 16 of its 64 rows, on a 1-D
+# mesh of 4), half between forward and backward (14,816: `head.weight` is a DTensor on a
+# (2, 2) mesh, `Replicate()` across the 2 groups and `Shard(0)` within one, 32 rows), and a
+# quarter again after backward, when each unit has been resharded over all 4. These are,
+# line for line, what rank 0 of a real 4-rank launch prints: a slow test of this lesson
+# (`make test-slow`) runs `torchrun --standalone --nproc-per-node=4
+# lessons/11_fsdp2/worker.py int4` and compares rank 0's output with this block.
+#
+# Yet that step gathered parameters in forward and backward with no other rank in the
+# group. **Predict.** On the same fake group of 4, what does `all_reduce` (a sum) leave in a
+# tensor of ones, and what does `all_gather` of each rank's own rank number return? Four
+# real ranks would give 4.0 and [0, 1, 2, 3].
+
+# %%
+def fake_collectives(world):
+    """An all_reduce and an all_gather on a fake group, as rank 0 sees them."""
+    with fake_group(world):
+        total = torch.ones(1)
+        dist.all_reduce(total)  # a sum over the ranks
+        slots = [torch.full((1,), -1.0) for _ in range(world)]  # -1: a slot left unwritten
+        dist.all_gather(slots, torch.tensor([float(dist.get_rank())]))
+        who = f"backend {dist.get_backend()}, rank {dist.get_rank()} of {dist.get_world_size()}"
+    return who, total.item(), [int(s.item()) for s in slots]
+
+
+who, total, slots = fake_collectives(4)
+print(f"{who}, one process: all_reduce of ones {total:.1f}, all_gather of the rank {slots}; "
+      f"still initialized after the cell: {dist.is_initialized()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# backend fake, rank 0 of 4, one process: all_reduce of ones 1.0, all_gather of the rank [0, 0, 0, 0]; still initialized after the cell: False
+# ```
+#
+# The sum of four ranks' ones is still 1.0, and every slot of the gather holds rank 0's own
+# number: a fake collective moves no data between ranks. (It is not a no-op everywhere: a
+# gather copies the local tensor into each slot, so that nothing reads uninitialized
+# memory; `torch/include/torch/csrc/distributed/c10d/FakeProcessGroup.hpp` in your install
+# holds the backend.) What such a group is good for, then, is everything that depends
+# only on shapes and on who holds what: placements, local shapes and bytes per rank, and
+# whether a sharding plan runs at all on a world size you do not have. torchtitan, PyTorch's
+# training library, has a dry-run mode built on it: `NGPU=32 COMM_MODE="fake_backend"
+# ./run_train.sh` calls `init_process_group("fake", rank=..., world_size=32)` in one process
+# to check a 32-GPU configuration (its `docs/debugging.md`, which warns that no
+# data-dependent logic should be validated that way). What it cannot tell you: values (a
+# loss or a gradient computed from a collective's result is not the real one), timing (no
+# bytes move), and hangs (rank 0 here ran every collective alone and nothing waited; on a
+# real group a rank whose collectives do not match the others' waits out the timeout,
+# *09 § Collective order is a contract*).
 
 # %% [markdown]
 # ## 6. Mixed precision: bf16 compute, fp32 master weights
@@ -757,7 +854,11 @@ print(f"launch exit code {run.code}; ranks whose stderr has a traceback: {sum('T
 #   backward), False keeps all units full until backward (no second all-gather; here a peak
 #   of 177,792 parameter bytes per rank, against 126,976 for True and None), None (default)
 #   frees all but the root. An integer is a group size to reshard to: on 2 ranks `1` is
-#   False, `2` is True, `3` raises.
+#   False, `2` is True, `3` raises; on 4 ranks `2` keeps half of every parameter between
+#   forward and backward (a (2, 2) mesh, `Replicate()` across groups, `Shard(0)` within),
+#   a quarter at rest. This process played rank 0 of those 4 in a fake process group: the
+#   real run's lines exactly, but its collectives move no data (an all-reduce of ones
+#   leaves 1.0), so shapes and bytes per rank are true, values and timings are not.
 # - `MixedPrecisionPolicy(bf16, fp32)`: bf16 weights, activations and gathers; fp32 sharded
 #   master parameters and gradients.
 # - Per rank, FSDP2 halves parameters, gradients and AdamW state on 2 ranks; its peak adds

@@ -4,13 +4,17 @@ the figure, a launch that fails cleanly, the exercises, and the worker on NCCL w
 
 Every test here launches ranks or reads the narrative's launch: all are `multirank`."""
 
+import contextlib
+import io
 import math
 import re
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from scripts.checker import documented_block, read_cells
 from scripts.multirank import GROUP_TIMEOUT_S, launch, running
 from scripts.pytest_course import import_file
 
@@ -193,24 +197,64 @@ def test_reshard_after_forward_int_is_a_group_size(lesson):
     assert bools["False"] == 6 * N_PARAMS and bools["True"] == 2 * N_PARAMS
 
 
-@pytest.mark.slow  # a launch of 4 ranks: 6 to 9 s on 2 cores, so the lesson itself does not run it
-def test_reshard_after_forward_int_on_four_ranks():
-    """reshard_after_forward=2 on 4 ranks: a (2, 2) post-forward mesh, half the model per rank
-    (the lines section 5's prose quotes)."""
-    run4 = launch(WORKER, ["int4"], nproc=4, env={"CUDA_VISIBLE_DEVICES": ""})
-    assert run4.ok and sorted(run4.out) == [0, 1, 2, 3], run4.describe()
-    for rank in range(4):
-        assert "Traceback" not in run4.err[rank] and "Warning" not in run4.err[rank], run4.err[rank]
-    assert run4.leftover == 0 and running(WORKER) == []
-    got = [x for x in run4.out[0].splitlines() if x.startswith("rank 0: reshard_after_forward=2")]
+def fake_int4():
+    """What the worker's int4 part prints here, as rank 0 of a fake group of 4 (the lesson's
+    cell does the same); the default group is destroyed whatever happens."""
+    worker, out = import_file(WORKER), io.StringIO()
+    dist.init_process_group("fake", rank=0, world_size=4)
+    try:
+        with contextlib.redirect_stdout(out):
+            worker.int4_part(torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    return out.getvalue().splitlines()
+
+
+def documented(code):
+    """The Output block of the lesson's code cell that contains `code`."""
+    cells = read_cells(HERE / "fsdp2.py")
+    (i,) = [i for i, c in enumerate(cells) if c.kind == "code" and code in c.source]
+    return documented_block(cells[i + 1].source)
+
+
+def test_reshard_after_forward_int_on_a_fake_group(lesson):
+    """reshard_after_forward=2 on 4 ranks played by one process: a (2, 2) post-forward mesh,
+    half the model per rank; the group is gone afterwards, in the lesson and here."""
+    assert not dist.is_initialized()  # the lesson destroyed its fake groups
+    got = fake_int4()
+    assert not dist.is_initialized()
     start = "rank 0: reshard_after_forward=2 on 4 ranks, "
     rest = f"holds {N_PARAMS // 4} of {N_PARAMS} elements; head.weight mesh (4,) (Shard(dim=0),), local [16, 32]"
     assert got == [
+        "rank 0: == reshard int 4 ==",
         start + "at rest: " + rest,
         start + f"between forward and backward: holds {N_PARAMS // 2} of {N_PARAMS} elements; "
                 "head.weight mesh (2, 2) (Replicate(), Shard(dim=0)), local [32, 32]",
         start + "after backward: " + rest,
     ]
+    assert documented("worker.int4_part(") == got
+
+
+def test_fake_collectives_move_no_data(lesson):
+    """A fake all_reduce leaves its input (real: 4x), a fake all_gather repeats rank 0's."""
+    assert lesson.ns["fake_collectives"](4) == ("backend fake, rank 0 of 4", 1.0, [0, 0, 0, 0])
+    assert lesson.ns["fake_collectives"](2)[1:] == (1.0, [0, 0])
+    assert not dist.is_initialized()
+
+
+@pytest.mark.slow  # a launch of 4 ranks: 6 to 9 s on 2 cores, so the lesson itself does not run it
+def test_reshard_after_forward_int_on_four_ranks():
+    """The fake group tells the truth here: rank 0 of a real 4-rank launch prints, line for
+    line, what the lesson's fake-group cell documents and what a fake group prints now."""
+    run4 = launch(WORKER, ["int4"], nproc=4, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert run4.ok and sorted(run4.out) == [0, 1, 2, 3], run4.describe()
+    for rank in range(4):
+        assert "Traceback" not in run4.err[rank] and "Warning" not in run4.err[rank], run4.err[rank]
+    assert run4.leftover == 0 and running(WORKER) == []
+    real = run4.out[0].splitlines()
+    assert real == documented("worker.int4_part("), real
+    assert real == fake_int4(), real
+    assert not dist.is_initialized()
 
 
 def test_allocator_beside_the_model(lesson):

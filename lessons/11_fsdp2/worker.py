@@ -11,6 +11,10 @@
   `set_requires_gradient_sync(False)` accumulation, CPU offload.
 - `int4` (run it with `--nproc-per-node=4`): `reshard_after_forward=2` on 4 ranks, the
   local sizes and placements at rest, between forward and backward, and after backward.
+  The lesson runs `int4_part` in its own process instead, as rank 0 of a fake process group
+  of 4 (`init_process_group("fake", rank=0, world_size=4)`: no other process, collectives
+  that move no data); the lesson's slow test checks that rank 0 of a real 4-rank launch
+  prints the same lines. Nothing in the part may depend on a collective's values.
 - `pinned`: `CPUOffloadPolicy()` (pin_memory=True by default) on a machine without an
   accelerator; the error is not caught, so the part fails: the launch ends with exit code 1,
   cleanly (the kit's teardown: no barrier after a failure, destroy_process_group, os._exit).
@@ -437,7 +441,9 @@ def held(model):
 
 
 def int4_part(device):
-    """reshard_after_forward=2 on 4 ranks: resharded to groups of 2 between fwd and bwd."""
+    """reshard_after_forward=2 on 4 ranks: resharded to groups of 2 between fwd and bwd.
+    It prints shapes and counts only, never a value that went through a collective: the
+    lesson runs it on a fake group (collectives that move no data) and shows these lines."""
     heading("reshard int 4")
     mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
     _, mine = batch(device)
