@@ -22,6 +22,9 @@
 #   writes a checkpoint, a restart from the latest *complete* checkpoint that checks what
 #   the checkpoint was made with, and a final result bitwise equal to an uninterrupted run
 #   (with dropout and a shuffled data order);
+# - an elastic job (`--nnodes=1:2`) that loses a node and goes on with one: the survivor's
+#   `RANK` and `WORLD_SIZE` change, a file named after a rank now belongs to someone else,
+#   and DCP loads the 2 ranks' checkpoint into the one that is left;
 # - why `torch.load` of a stranger's file is dangerous and what `weights_only=True` and
 #   safetensors do about it.
 #
@@ -31,7 +34,8 @@
 # **How to run:** `python lessons/12_checkpoint_and_restart/checkpoint_and_restart.py` or
 # `make lesson N=12` from the repository root, or open `checkpoint_and_restart.ipynb`. It
 # writes checkpoints into a temporary folder (removed at the end), launches two 2-rank runs
-# of `worker.py` on the CPU with gloo, and saves its figure next to the lesson. `worker.py`'s
+# of `worker.py` on the CPU with gloo and then one elastic run of two 1-rank nodes (two
+# torchrun agents), and saves its figure next to the lesson. `worker.py`'s
 # docstring says how to run it with torchrun yourself. Each printing cell is followed by an
 # *Output* block: what it printed with the pinned PyTorch (2.13.0), checked by `make test`.
 
@@ -60,7 +64,7 @@ torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 sys.path.insert(0, str(HERE.parent))  # lessons/: the multi-rank kit (lesson 09), the source map
 sys.path.insert(0, str(HERE))  # this folder: worker.py, the ranks' code and the drill's helpers
-from multirank import kill_when, launch, section, show  # noqa: E402
+from multirank import kill_when, launch, node_of, section, show  # noqa: E402
 from worker import CONFIG, REVISION, Trainer, compatible, held_pid, plot_drill  # noqa: E402
 
 WORKER = HERE / "worker.py"
@@ -700,10 +704,10 @@ show(drill, "reference", 1)
 #
 # **Identity comes from the environment, at every start.** A restarted rank is a new
 # process: attempt 1's pids are not attempt 0's. Here it came back with the same `RANK`
-# and `WORLD_SIZE` (one torchrun agent, a fixed 2 ranks), and this lesson shows no other
-# case; the worker does not rely on that anyway. It reads `RANK` and `WORLD_SIZE` (through
-# `dist.get_rank()`) at each start, never opens a file named after a rank, and picks its
-# RNG row by its rank *now*. The checkpoint records the config, a hash of `worker.py` (the
+# and `WORLD_SIZE` (one torchrun agent, a fixed 2 ranks); section 6 shows a job where
+# they change. The worker does not rely on them staying: it reads `RANK` and `WORLD_SIZE`
+# (through `dist.get_rank()`) at each start, never opens a file named after a rank, and
+# picks its RNG row by its rank *now*. The checkpoint records the config, a hash of `worker.py` (the
 # code revision) and the world size, and a resume refuses a checkpoint that does not match:
 # the next cell shows that a run on 4 ranks would not match `step_6`. When a run uses a
 # `GradScaler` (fp16, lesson 05), its `state_dict()` belongs in the checkpoint too.
@@ -756,7 +760,101 @@ fig.savefig(HERE / "restart_drill.png")
 # (here 3, plus the unfinished checkpoint).
 
 # %% [markdown]
-# ## 6. `torch.save` is a pickle
+# ## 6. An elastic job: a node dies, the job goes on smaller, the ranks are renumbered
+#
+# The drill restarted a fixed job: one torchrun agent, 2 ranks, the same 2 ranks again. On a
+# cluster each machine (a *node*) runs its own agent, and the agents meet in a *rendezvous*:
+# a key-value store (c10d's `TCPStore`, hosted by one of them) where they register and
+# agree on who takes part. `torchrun --nnodes=1:2` makes the job *elastic*: it starts with 2
+# nodes and goes on with 1 if the other is lost. Every restart is a new round of the
+# rendezvous, and each round numbers its nodes afresh: it sorts them by host, then by the
+# agent's pid, and node 0's ranks come first.
+#
+# The kit runs 2 agents of 1 rank each, as two simulated nodes on this machine
+# (`launch(WORKER, [...], nproc=1, nnodes=2, min_nodes=1, restarts=1)`), with short
+# rendezvous timings: a node that misses 2 heartbeats 1 s apart is dropped, and a round
+# closes 2 s after it has enough nodes (torchrun's defaults: 3 heartbeats 5 s apart, 30 s).
+# `worker.py elastic` trains one step of section 3's FSDP2 model and saves it with DCP. It
+# also does, on purpose, what the drill's worker never does: each rank writes its part of
+# the data set into a file named after its rank (`rank0.json`, `rank1.json`). Then both
+# ranks wait in a loop of barriers, and the parent kills *node 0*, its agent and its rank
+# at once (the kit's `node_of`), as when a machine loses power.
+#
+# **Predict.** How does node 1 learn that node 0 is gone? Its agent restarts its rank
+# (`--max-restarts=1`): with which `RANK` and `WORLD_SIZE`, and what does it find in the
+# file named after its rank?
+
+# %%
+elastic_dir = TMP / "elastic"
+elastic_dir.mkdir()
+with kill_when(lambda: node_of(held_pid(elastic_dir, 0))) as gone:  # node 0: agent and rank
+    elastic = launch(WORKER, ["elastic", str(elastic_dir)], nproc=1, nnodes=2, min_nodes=1,
+                     restarts=1)
+print(f"killed {len(gone)} processes; agents' exit codes {list(elastic.agent_codes)}; "
+      f"attempts {elastic.attempts}; processes left {elastic.leftover}")
+show(elastic, "elastic", 0)
+agents = [int(re.search(r"agent (\d+)", lines[0])[1])
+          for lines in section(elastic, "elastic", 0).values()]  # [RANK 0's, RANK 1's]
+print(f"RANK 0's agent has the lower pid: {agents[0] < agents[1]}")
+print(f"rank 1's attempt 0 failed in a barrier: {'in hold_in_barriers' in elastic.logs[0, 1][1]}")
+
+# %% [markdown]
+# Output:
+# ```text
+# killed 2 processes; agents' exit codes [-9, 0]; attempts [0, 1]; processes left 0
+# rank 0: attempt 0: RANK=0 of WORLD_SIZE=2, pid «pid», agent «pid»
+# rank 0: saved step_1; rows 0-23 of 48 noted in rank0.json
+# rank 1: attempt 0: RANK=1 of WORLD_SIZE=2, pid «pid», agent «pid»
+# rank 1: saved step_1; rows 24-47 of 48 noted in rank1.json
+# RANK 0's agent has the lower pid: True
+# rank 1's attempt 0 failed in a barrier: True
+# ```
+#
+# The kill took 2 processes, node 0's agent and its rank (`gone` lists their pids); the agents'
+# exit codes are in the order the kit started them: node 0's agent died by SIGKILL (-9),
+# node 1's ended normally (0). Nothing was left running. Node 0's agent had the lower pid,
+# so its rank was `RANK=0`.
+#
+# A torchrun agent watches only its own ranks. Node 1's agent learned nothing from node 0's
+# death until its rank's next barrier failed and the rank exited with an error: that
+# failure is what made the agent restart it. The traceback is in that rank's stderr, which
+# the kit keeps with its stdout (`elastic.logs[0, 1]`: attempt 0, rank 1).
+#
+# **Predict.** Now the second attempt, on node 1 alone.
+
+# %%
+show(elastic, "elastic", 1)
+again = int(re.search(r"agent (\d+)", section(elastic, "elastic", 1)[0][0])[1])
+print(f"attempt 1's rank runs under the agent of attempt 0's RANK 1: {again == agents[1]}")
+
+# %% [markdown]
+# Output:
+# ```text
+# rank 0: attempt 1: RANK=0 of WORLD_SIZE=1, pid «pid», agent «pid»
+# rank 0: rank0.json, named after my RANK: rows 0-23 of 48, written under another agent: True
+# rank 0: my part, from RANK and WORLD_SIZE now: rows 0-47 of 48
+# rank 0: loaded step_1 (saved by 2 ranks) into 1 rank: parameters bitwise equal: True
+# attempt 1's rank runs under the agent of attempt 0's RANK 1: True
+# ```
+#
+# The same node, the same agent, a new process with another identity: `RANK=1` of 2 became
+# `RANK=0` of 1. A rank's number is not the name of a machine or of its work; it is its
+# place in the current round.
+#
+# The file named after its rank, `rank0.json`, was written by node 0's rank, the dead one:
+# a worker that reloaded "its" notes from it would take rows 0-23, node 0's old part, and
+# rows 24-47 would never be seen. Computed from `RANK` and `WORLD_SIZE` now, its part is
+# rows 0-47, the whole data set. So: read identity from the environment at every start,
+# never from a file named after an old rank, and keep state that must outlive a restart
+# in the checkpoint, stored by what it is (DCP's keys are parameter names) rather than by
+# who held it. DCP then loaded the 2 ranks' shard files into the single rank, and the
+# parameters are bitwise equal to those saved. Section 5's drill would refuse a world of 1
+# as its record check refused 4 ranks: its RNG rows and its data split are per rank, so an
+# elastic job must keep such state in a form the new world can split again, or not restore
+# it.
+
+# %% [markdown]
+# ## 7. `torch.save` is a pickle
 #
 # `torch.save` writes a zip file whose `data.pkl` is a Python pickle, and a pickle can name
 # any importable function for the loader to *call*: an object's `__reduce__` returns
@@ -924,6 +1022,12 @@ with safe_open(TMP / "tiny.safetensors", framework="pt") as f:  # reads the head
 #   uninterrupted run, dropout included. Attempt 1's ranks were new processes with the
 #   same `RANK` and `WORLD_SIZE` (one agent, 2 ranks), which the worker reads from the
 #   environment at every start.
+# - An elastic job (`--nnodes=1:2`, two agents of one rank): the parent killed node 0's
+#   agent and rank together; node 1's rank saw it only as a failed barrier, and its agent
+#   restarted it alone, now `RANK=0` of `WORLD_SIZE=1` (each rendezvous round numbers the
+#   nodes by host and pid). The file named after its new rank held node 0's rows 0-23; from
+#   the environment its part is rows 0-47. DCP loaded the 2 ranks' checkpoint into the one
+#   rank, bitwise.
 # - `torch.save` files are pickles that can run code when loaded; `weights_only=True` (the
 #   default since 2.6) refuses them. DCP reads `.metadata` with plain `pickle.load`: a
 #   checkpoint folder can run code too. safetensors stores a JSON header and raw bytes.
@@ -967,19 +1071,23 @@ read_the_source([
      "written: it pickles the global metadata into `.metadata.tmp` and renames that to "
      "`.metadata`, the file the drill takes as proof of a complete checkpoint. "
      "`FileSystemReader.read_metadata` further down reads it back with plain `pickle.load` "
-     "(why section 6's replaced `.metadata` ran its code), while `read_data` loads tensors "
+     "(why section 7's replaced `.metadata` ran its code), while `read_data` loads tensors "
      "with `weights_only=True`."),
     ("torch/distributed/run.py", "def config_from_args(",
      "torchrun's command line becomes a `LaunchConfig`, `--max-restarts` its `max_restarts` "
      "(refused below 0). `run` below gives `--standalone` a local c10d rendezvous and hands "
      "the config to `elastic_launch`, whose agent (`_invoke_run` in "
      "`torch/distributed/elastic/agent/server/api.py`) stops and restarts the whole worker "
-     "group after a failure while `_remaining_restarts > 0`."),
+     "group after a failure while `_remaining_restarts > 0`. `--nnodes=1:2` becomes "
+     "`min_nodes`, `max_nodes` (`parse_min_max_nnodes`); each restart is a new rendezvous "
+     "round, and `_mark_rendezvous_complete` in "
+     "`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py` numbers its nodes by "
+     "sorting them (host, pid): section 6's survivor became node 0."),
     ("torch/_weights_only_unpickler.py", "class Unpickler:",
      "What `torch.load(..., weights_only=True)` unpickles with: `load` reads the pickle opcode "
      "by opcode and, at each `GLOBAL`, looks the name up in `_get_allowed_globals()` and in "
      "what `add_safe_globals` allowed, raising `Unsupported global` otherwise, before anything "
-     "is called (section 6's refusal of `getattr`). `get_globals_in_pkl` above reads the same "
+     "is called (section 7's refusal of `getattr`). `get_globals_in_pkl` above reads the same "
      "opcodes for `get_unsafe_globals_in_checkpoint`."),
 ])
 
@@ -1012,19 +1120,23 @@ read_the_source([
 #     written: it pickles the global metadata into `.metadata.tmp` and renames that to
 #     `.metadata`, the file the drill takes as proof of a complete checkpoint.
 #     `FileSystemReader.read_metadata` further down reads it back with plain `pickle.load`
-#     (why section 6's replaced `.metadata` ran its code), while `read_data` loads tensors
+#     (why section 7's replaced `.metadata` ran its code), while `read_data` loads tensors
 #     with `weights_only=True`.
 # torch/distributed/run.py:«line»  `def config_from_args(`
 #     torchrun's command line becomes a `LaunchConfig`, `--max-restarts` its
 #     `max_restarts` (refused below 0). `run` below gives `--standalone` a local c10d
 #     rendezvous and hands the config to `elastic_launch`, whose agent (`_invoke_run` in
 #     `torch/distributed/elastic/agent/server/api.py`) stops and restarts the whole worker
-#     group after a failure while `_remaining_restarts > 0`.
+#     group after a failure while `_remaining_restarts > 0`. `--nnodes=1:2` becomes
+#     `min_nodes`, `max_nodes` (`parse_min_max_nnodes`); each restart is a new rendezvous
+#     round, and `_mark_rendezvous_complete` in
+#     `torch/distributed/elastic/rendezvous/dynamic_rendezvous.py` numbers its nodes by
+#     sorting them (host, pid): section 6's survivor became node 0.
 # torch/_weights_only_unpickler.py:«line»  `class Unpickler:`
 #     What `torch.load(..., weights_only=True)` unpickles with: `load` reads the pickle
 #     opcode by opcode and, at each `GLOBAL`, looks the name up in
 #     `_get_allowed_globals()` and in what `add_safe_globals` allowed, raising
-#     `Unsupported global` otherwise, before anything is called (section 6's refusal of
+#     `Unsupported global` otherwise, before anything is called (section 7's refusal of
 #     `getattr`). `get_globals_in_pkl` above reads the same opcodes for
 #     `get_unsafe_globals_in_checkpoint`.
 # ```
@@ -1069,20 +1181,21 @@ read_the_source([
 #
 #    </details>
 #
-# 3. **Explain.** A checkpoint written by 2 FSDP2 ranks is loaded by one process without a
-#    process group. How does DCP know which rows of the (16, 8) weight each file holds, and
-#    is the single process's next step bitwise equal to the 2 ranks'?
+# 3. **Spot the bug.** An elastic job (`--nnodes=1:2`, one rank per node) keeps each rank's
+#    position in the data in `cursor_{RANK}.json` and reloads it at every start. Node 0
+#    dies; node 1's agent restarts its rank. Which file does that rank open, and what
+#    should the job do instead? Can it still load the model checkpoint the 2 ranks wrote?
 #
 #    <details><summary>Answer</summary>
 #
-#    The metadata records the global shape and each rank's chunk: offset [0, 0] and offset
-#    [8, 0], both of size [8, 8]; its storage index names the file and the byte offset of
-#    every item (*§ One process: save after one Adam step, restore, take the second step*).
-#    The single process's step 2 was bitwise equal to the ranks' when it averaged the two
-#    half-batch gradients, `(g0 + g1) / 2`, as FSDP2's reduce-scatter does; one backward
-#    over all 8 rows gives the same gradient in another order of sums and was not bitwise
-#    equal (a gap below 1e-6)
-#    (*§ Two ranks save, one process trains on, two ranks take it back*).
+#    It opens `cursor_0.json`, node 0's: the restarted rank is `RANK=0` of `WORLD_SIZE=1`
+#    now (it was `RANK=1` of 2), because each rendezvous round numbers the nodes that are
+#    left. In the lesson the file named after its new rank held rows 0-23, node 0's part,
+#    while its part from `RANK` and `WORLD_SIZE` now is rows 0-47. Read identity from the
+#    environment at every start and keep what must survive in the checkpoint, keyed by
+#    what it is. The model checkpoint loads: DCP's metadata records each shard's offset in
+#    the global tensor, and the one rank's parameters were bitwise equal to the 2 ranks'
+#    (*§ An elastic job: a node dies, the job goes on smaller, the ranks are renumbered*).
 #
 #    </details>
 #
@@ -1129,7 +1242,7 @@ read_the_source([
 #    When the kill came while the checkpoint of that very step was being written
 #    (`saved_before_kill=False`), that checkpoint does not count.
 # 3. `safetensors_header(path)`: read a safetensors file's header by hand (the layout of
-#    section 6) and return `{name: (dtype, shape, (start, end))}` for its tensors.
+#    section 7) and return `{name: (dtype, shape, (start, end))}` for its tensors.
 #
 # These change the worker and run it with torchrun (the lesson's output is your reference):
 #

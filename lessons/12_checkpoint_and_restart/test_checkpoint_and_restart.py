@@ -188,6 +188,18 @@ def test_restart_drill(lesson):
     assert len(set(losses)) == 12  # dropout and the shuffle make every step differ
 
 
+def test_elastic_run_loses_a_node_and_renumbers_the_survivor(lesson):
+    ns = lesson.ns
+    run, gone = ns["elastic"], ns["gone"]
+    assert run.agent_codes == (-9, 0) and run.code == -9 and not run.timed_out, run.describe()
+    first, again = ns["section"](run, "elastic", 0), ns["section"](run, "elastic", 1)
+    pid0 = int(re.search(r"pid (\d+)", first[0][0])[1])  # node 0's rank in attempt 0
+    assert gone[0] == ns["agents"][0] and pid0 in gone[1:], (gone, first)  # agent first
+    assert set(again) == {0} and again[0][0].startswith("rank 0: attempt 1: RANK=0 of WORLD_SIZE=1")
+    assert "Traceback" not in run.err[0], run.describe()  # attempt 1 ended clean
+    assert still_running(ns["WORKER"], run.mark) == []
+
+
 def test_checkpoint_records_the_run(lesson):
     ns = lesson.ns
     rec, config = ns["rec"], ns["CONFIG"]

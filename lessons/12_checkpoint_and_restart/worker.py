@@ -5,6 +5,11 @@
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 \\
         --max-restarts=1 lessons/12_checkpoint_and_restart/worker.py drill DIR --hold 9
     ... add --backend nccl on a machine with 2 CUDA devices. Use an empty DIR each time.
+    Elastic, two agents (two shells, the same PORT; kill the first one's agent and rank):
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=1:2 --nproc-per-node=1 \\
+        --max-restarts=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT --rdzv-id=job \\
+        --rdzv-conf=is_host=0,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2 \\
+        lessons/12_checkpoint_and_restart/worker.py elastic DIR     (is_host=1 in the second)
     With --hold K the first attempt stops after step K and waits (60 s) for a kill: `kill -9`
     one of the pids it prints, from another shell.
 
@@ -23,11 +28,18 @@
   *complete* checkpoint (with DCP's .metadata), check its config and code revision, replay,
   finish, and compare with an uninterrupted 12-step run computed at the end of the same
   attempt.
+- `elastic DIR`: 2 torchrun agents of 1 rank each (two nodes, `--nnodes=1:2`). Attempt 0
+  trains a step, saves it with DCP and, as the mistake to show, notes each rank's rows in
+  DIR/rank{RANK}.json, then waits in barriers until the parent kills node 0 (agent and
+  rank). The survivor's agent restarts its rank alone: it is RANK 0 of WORLD_SIZE 1 now,
+  finds node 0's rows in rank0.json, computes its own from the environment, and loads the
+  2 ranks' checkpoint.
 
 Rank identity comes from the environment at every start (torchrun's RANK, dist.get_rank());
-no file is named after a rank. Output, process group and teardown come from the course's kit,
-lessons/multirank.py (lesson 09): `say` prints `rank N: ...`, `shared` a fact both ranks
-share (rank 0 only), `heading` starts a `== name ==` section; `serve` runs the part.
+no file is named after a rank, except in `elastic`, on purpose. Output, process group and
+teardown come from the course's kit, lessons/multirank.py (lesson 09): `say` prints
+`rank N: ...`, `shared` a fact both ranks share (rank 0 only), `heading` starts a
+`== name ==` section; `serve` runs the part.
 """
 
 import datetime
@@ -43,7 +55,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -369,6 +382,70 @@ def drill(device, root, one=None, hold_at=None):
 
 
 # ---------------------------------------------------------------------------------------
+# elastic: 2 nodes (torchrun agents) of 1 rank each; node 0 dies; the job goes on with 1
+
+
+def rows_of(rank, world):
+    """This rank's part of the data set, from its RANK and WORLD_SIZE alone."""
+    return f"rows {rank * ROWS // world}-{(rank + 1) * ROWS // world - 1} of {ROWS}"
+
+
+def elastic(device, root, **_):
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    rank, world = dist.get_rank(), dist.get_world_size()  # torchrun's RANK, WORLD_SIZE: now
+    heading("elastic")
+    say(f"attempt {attempt}: RANK={rank} of WORLD_SIZE={world}, pid {os.getpid()}, "
+        f"agent {os.getppid()}")
+    if attempt == 0:
+        elastic_first(device, root, rank, world)
+    else:
+        elastic_again(device, root, rank, world)
+    return 0
+
+
+def elastic_first(device, root, rank, world):
+    """Train a step, save it with DCP, and (the mistake this part shows) keep a note of this
+    rank's work in a file named after the rank. Then wait in collectives for the kill."""
+    note = {"rows": rows_of(rank, world), "agent": os.getppid()}
+    (root / f"rank{rank}.json").write_text(json.dumps(note))
+    model, optim, sched = build(device)
+    train_step(model, optim, sched, 1, device)
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=root / "step_1")
+    params = full_params(model)
+    if rank == 0:
+        torch.save(params, root / "params_1.pt")  # for attempt 1's comparison only
+    say(f"saved step_1; {rows_of(rank, world)} noted in rank{rank}.json")
+    hold_in_barriers(root)
+
+
+def hold_in_barriers(root):
+    """Like hold, but in a loop of barriers: a torchrun agent watches only its own ranks, so
+    the survivors learn that another node died when a collective with it fails."""
+    (root / "held").mkdir(exist_ok=True)
+    (root / "held" / str(os.getpid())).write_text(os.environ["RANK"])
+    end = time.monotonic() + HOLD_S
+    while time.monotonic() < end:
+        dist.barrier()  # raises on the survivor once the other node's rank is gone
+        time.sleep(0.05)
+    raise TimeoutError(f"no kill came within {HOLD_S} s")
+
+
+def elastic_again(device, root, rank, world):
+    """After the restart: what a file named after the rank holds now, what the environment
+    says, and the checkpoint of 2 ranks loaded into this world."""
+    note = json.loads((root / f"rank{rank}.json").read_text())  # the mistake, on purpose
+    say(f"rank{rank}.json, named after my RANK: {note['rows']}, written under another agent: "
+        f"{note['agent'] != os.getppid()}")
+    say(f"my part, from RANK and WORLD_SIZE now: {rows_of(rank, world)}")
+    model, _, _ = build(device)
+    sd = {"model": get_model_state_dict(model)}  # the layout of this world's shards
+    dcp.load(sd, checkpoint_id=root / "step_1")  # DCP reshards 2 ranks' files into it
+    set_model_state_dict(model, sd["model"])
+    equal = bitwise(full_params(model), torch.load(root / "params_1.pt"))
+    say(f"loaded step_1 (saved by 2 ranks) into {world} rank: parameters bitwise equal: {equal}")
+
+
+# ---------------------------------------------------------------------------------------
 # the parent's side: lesson section 2's Trainer, the drill's held_pid and figure
 
 
@@ -487,4 +564,4 @@ if __name__ == "__main__":
         parser.add_argument("--one", type=Path, help="drill: first load RESHARD_DIR/step2_one")
         parser.add_argument("--hold", dest="hold_at", type=int, help="drill: hold after this step")
 
-    serve({"reshard": reshard, "drill": drill}, args)
+    serve({"reshard": reshard, "drill": drill, "elastic": elastic}, args)
