@@ -1,9 +1,11 @@
 """The multi-rank kit (lessons/multirank.py), proven on CPU ranks with gloo: results, several
 torchrun agents on one rendezvous, the hard timeout, exit codes, the failure path's teardown,
-and no process left after an interrupted parent (SIGINT, SIGTERM, an alarm) or a SIGKILLed one."""
+no process left after an interrupted parent (SIGINT, SIGTERM, an alarm) or a SIGKILLed one,
+and the parts of an elastic launch."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +17,8 @@ import pytest
 
 from scripts.manifest import LESSONS
 from scripts.multirank import GRACE_S, GROUP_TIMEOUT_S, kill_when, launch, marked, running
+
+import multirank  # noqa: E402  (the module itself, for its private parts; scripts.multirank put it on the path)
 
 WORKERS = Path(__file__).parent / "workers"
 pytestmark = pytest.mark.multirank
@@ -201,3 +205,77 @@ def test_running_finds_a_process_by_its_command_line(tmp_path):
         proc.kill()
         proc.wait()
     assert running(script) == []
+
+
+# ---------------------------------------------------------------- elastic launches (lesson 12)
+# The whole elastic run (a node killed, the survivor renumbered) is lesson 12's section 6,
+# checked by its tests; these check the kit's parts of it, in well under a second each.
+
+
+def test_commands_of_an_elastic_launch(tmp_path):
+    fixed = multirank.commands("w.py", ["part"], 1, 2, 1, tmp_path, "m" * 32)
+    elastic = multirank.commands("w.py", ["part"], 1, 2, 1, tmp_path, "m" * 32, min_nodes=1)
+    assert [c.count("--nnodes=2") for c in fixed] == [1, 1]
+    assert [c.count("--nnodes=1:2") for c in elastic] == [1, 1]
+    conf = [next(a for a in c if a.startswith("--rdzv-conf=")) for c in fixed + elastic]
+    # fixed: the first agent hosts the store; elastic: the last, so that node 0 may die
+    assert conf == ["--rdzv-conf=is_host=1", "--rdzv-conf=is_host=0",
+                    f"--rdzv-conf=is_host=0,{multirank.ELASTIC_RDZV}",
+                    f"--rdzv-conf=is_host=1,{multirank.ELASTIC_RDZV}"]
+    assert multirank.commands("w.py", [], 2, 2, 0, tmp_path, "m" * 32, min_nodes=2) != elastic
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_wait_stops_the_other_nodes_unless_elastic(elastic, monkeypatch):
+    """One 'agent' fails at once, the other would run GRACE_S + 1 s: a fixed job stops it
+    (SIGTERM, -15) after GRACE_S, an elastic one lets it end by itself (0)."""
+    monkeypatch.setattr(multirank, "GRACE_S", 0.5)  # the real 3 s would only make it slower
+    failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    try:
+        assert multirank._wait([failing, other], time.monotonic() + 30, stop_others=not elastic)
+        assert (failing.returncode, other.returncode) == (1, 0 if elastic else -signal.SIGTERM)
+    finally:
+        for p in (failing, other):
+            p.kill()
+            p.wait()
+
+
+def test_node_of_is_the_agent_then_its_ranks():
+    script = ("import subprocess, sys, time\n"
+              "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])"
+              " for _ in range(2)]\n"
+              "print(*[k.pid for k in kids], flush=True)\ntime.sleep(30)\n")
+    agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    ranks = sorted(map(int, agent.stdout.readline().split()))
+    try:
+        assert multirank.node_of(ranks[1]) == [agent.pid, *ranks]
+        assert multirank.node_of(None) is None
+        with kill_when(lambda: multirank.node_of(ranks[0])) as killed:
+            assert agent.wait(30) == -signal.SIGKILL
+        assert killed == [agent.pid, *ranks]
+        assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in ranks), 5) \
+            or not Path("/proc").is_dir()
+    finally:
+        for pid in [agent.pid, *ranks]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        agent.wait()
+
+
+class _Agent:  # what _collect reads of a finished Popen
+    def __init__(self, pid, returncode):
+        self.pid, self.returncode = pid, returncode
+
+
+def test_logs_are_numbered_by_the_nodes_of_each_attempt(tmp_path):
+    """Attempt 0 had both agents (node 0: the lower pid), attempt 1 only the survivor, which
+    the rendezvous made node 0: its log is rank 0's."""
+    for agent, attempt, text in [(0, 0, "a0"), (1, 0, "b0"), (1, 1, "b1")]:
+        folder = tmp_path / f"agent{agent}" / f"run_{agent}" / f"attempt_{attempt}" / "0"
+        folder.mkdir(parents=True)
+        (folder / "stdout.log").write_text(text)
+        (tmp_path / f"agent{agent}.log").write_text("")
+    run = multirank._collect(tmp_path, [_Agent(100, -9), _Agent(200, 0)], 1, 1.0, False, 0)
+    assert {k: out for k, (out, _) in run.logs.items()} == {(0, 0): "a0", (0, 1): "b0", (1, 0): "b1"}
+    assert run.agent_codes == (-9, 0) and run.code == -9 and run.attempts == [0, 1]
