@@ -853,8 +853,8 @@ read_the_source([
      "characters only. With near-zero logits each of them costs about ln 11 = 2.398, and the "
      "first loss is 2.41 (sections 1 and 2)."),
     ("torch/_inductor/kernel/mm.py", "def tuned_addmm(",
-     "Inductor's lowering of `addmm`, the biased linear layers: unless `max_autotune` is on, "
-     "its only choice is `aten_addmm`, a call of ATen's own kernel from the generated code, "
+     "Inductor's lowering of `addmm`, the biased linear layers: unless `max_autotune` or "
+     "`max_autotune_gemm` is on, its only choice is `aten_addmm`, a call of ATen's own kernel from the generated code, "
      "which is why the compiled step still calls `aten::addmm` (section 4); `tuned_mm`, above, "
      "offers `aten_mm` the same way."),
     ("torch/_inductor/lowering.py", "aten._scaled_dot_product_flash_attention_for_cpu.default",
@@ -905,10 +905,10 @@ read_the_source([
 #     the loss is a mean over the six answer characters only. With near-zero logits each
 #     of them costs about ln 11 = 2.398, and the first loss is 2.41 (sections 1 and 2).
 # torch/_inductor/kernel/mm.py:«line»  `def tuned_addmm(`
-#     Inductor's lowering of `addmm`, the biased linear layers: unless `max_autotune` is
-#     on, its only choice is `aten_addmm`, a call of ATen's own kernel from the generated
-#     code, which is why the compiled step still calls `aten::addmm` (section 4);
-#     `tuned_mm`, above, offers `aten_mm` the same way.
+#     Inductor's lowering of `addmm`, the biased linear layers: unless `max_autotune` or
+#     `max_autotune_gemm` is on, its only choice is `aten_addmm`, a call of ATen's own
+#     kernel from the generated code, which is why the compiled step still calls
+#     `aten::addmm` (section 4); `tuned_mm`, above, offers `aten_mm` the same way.
 # torch/_inductor/lowering.py:«line»  `aten._scaled_dot_product_flash_attention_for_cpu.default`
 #     Inductor writes no code of its own for the CPU's fused attention: this
 #     `make_fallback` (and the next one, for the backward) registers a lowering that calls
