@@ -34,7 +34,8 @@ The precautions, each measured on the course's machine:
   ranks watch it: `launch` tells them its pid (`COURSE_LAUNCHER_PID`), and `setup` starts a
   thread in each rank that, once the parent is gone, SIGKILLs the rank's torchrun agent and
   then the rank itself. On Linux the agents also get SIGKILL from the kernel when the parent
-  dies (PR_SET_PDEATHSIG), a second line for an agent that has no ranks yet.
+  dies (PR_SET_PDEATHSIG), a second line for an agent that has no ranks yet. Its logs'
+  folder (named after its pid) is removed by the next launch.
 - One log file per rank (`--log-dir` with `--redirects 3`): two ranks printing to one
   terminal can interleave inside a line.
 - `OMP_NUM_THREADS=1`: one thread per rank on a small CPU.
@@ -164,7 +165,7 @@ def launch(worker, args=(), *, nproc: int = 2, nnodes: int = 1, min_nodes: int |
     """Run `worker args` on nnodes x nproc ranks under a hard timeout; leave no process.
     min_nodes < nnodes makes the job elastic: when an agent dies, the others go on (each may
     restart its ranks, `restarts` times) and the launch waits for all of them."""
-    logs = Path(tempfile.mkdtemp(prefix="multirank-"))
+    logs = _log_dir()
     mark = uuid.uuid4().hex
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {}), MARK: mark,
@@ -190,6 +191,27 @@ def launch(worker, args=(), *, nproc: int = 2, nnodes: int = 1, min_nodes: int |
             kill_launch(agents, mark)
         _ACTIVE.pop(mark, None)
         shutil.rmtree(logs, ignore_errors=True)
+
+
+def _log_dir() -> Path:
+    """A new folder for a launch's logs, named after this process. A launch removes its own
+    at the end, but a SIGKILLed parent runs no code: first remove the folders of launchers
+    that are gone."""
+    for old in Path(tempfile.gettempdir()).glob("multirank-*-*"):
+        pid = old.name.split("-")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"multirank-{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _die_with_launcher():

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -279,3 +281,20 @@ def test_logs_are_numbered_by_the_nodes_of_each_attempt(tmp_path):
     run = multirank._collect(tmp_path, [_Agent(100, -9), _Agent(200, 0)], 1, 1.0, False, 0)
     assert {k: out for k, (out, _) in run.logs.items()} == {(0, 0): "a0", (0, 1): "b0", (1, 0): "b1"}
     assert run.agent_codes == (-9, 0) and run.code == -9 and run.attempts == [0, 1]
+
+
+def test_a_launch_removes_the_logs_of_launchers_that_are_gone():
+    """A SIGKILLed parent cannot remove its launch's log folder; the next launch does."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    tmp = Path(tempfile.gettempdir())
+    stale, mine = tmp / f"multirank-{gone.pid}-test", tmp / f"multirank-{os.getpid()}-test"
+    for folder in (stale, mine):
+        (folder / "agent0").mkdir(parents=True, exist_ok=True)
+    try:
+        new = multirank._log_dir()
+        assert not stale.exists() and mine.exists() and new.name.startswith(f"multirank-{os.getpid()}-")
+        new.rmdir()
+    finally:
+        for folder in (stale, mine):
+            shutil.rmtree(folder, ignore_errors=True)
