@@ -396,12 +396,13 @@ show(run, "reshard int")
 #
 # A launch of 4 ranks does not fit this lesson's time budget on 2 cores, but this process
 # can *play* rank 0 of 4 on its own: `dist.init_process_group("fake", rank=0, world_size=4)`
-# joins a group on PyTorch's fake backend (`dist.Backend.FAKE`), which needs no store and no
-# other process. Every collective on it returns at once, and everything else is FSDP2's real
-# code: the sharding, the post-forward mesh, the hooks. The cell runs the worker's `int4`
-# part in that group. It loads `worker.py` from its file under a name of its own (lessons
-# 09, 10 and 12 have a `worker.py` too, and the tests run several lessons in one process),
-# and destroys the group whatever happens, so nothing stays initialized after the cell.
+# joins a group on PyTorch's fake backend (`dist.Backend.FAKE`), which needs no address to
+# meet at (it makes a placeholder store for itself) and no other process. Every collective
+# on it returns at once, and everything else is FSDP2's real code: the sharding, the
+# post-forward mesh, the hooks. The cell runs the worker's `int4` part in that group. It
+# loads `worker.py` from its file under a name of its own (lessons 09, 10, 12, 13 and 14
+# have a `worker.py` too, and the tests run several lessons in one process), and destroys
+# the group whatever happens, so nothing stays initialized after the cell.
 #
 # **Predict.** With `reshard_after_forward=2` on 4 ranks, what share of the 29,632
 # elements does a rank hold at rest, between forward and backward, and after backward? On
@@ -451,46 +452,54 @@ with fake_group(4):
 #
 # Yet that step gathered parameters in forward and backward with no other rank in the
 # group. **Predict.** On the same fake group of 4, what does `all_reduce` (a sum) leave in a
-# tensor of ones, and what does `all_gather` of each rank's own rank number return? Four
-# real ranks would give 4.0 and [0, 1, 2, 3].
+# tensor of ones, what does `all_gather` of each rank's own rank number return, and what
+# does `reduce_scatter` (FSDP2's gradient collective) give rank 0 when every rank offers
+# [1, 2, 3, 4]? Four real ranks would give 4.0, [0, 1, 2, 3] and 4.0 (the sum of the four
+# first chunks).
 
 # %%
 def fake_collectives(world):
-    """An all_reduce and an all_gather on a fake group, as rank 0 sees them."""
+    """An all_reduce, all_gather and reduce_scatter on a fake group, as rank 0 sees them."""
     with fake_group(world):
         total = torch.ones(1)
         dist.all_reduce(total)  # a sum over the ranks
         slots = [torch.full((1,), -1.0) for _ in range(world)]  # -1: a slot left unwritten
         dist.all_gather(slots, torch.tensor([float(dist.get_rank())]))
+        mine = torch.full((1,), -1.0)  # rank r gets the sum over ranks of chunk r
+        dist.reduce_scatter(mine, [torch.full((1,), i + 1.0) for i in range(world)])
         who = f"backend {dist.get_backend()}, rank {dist.get_rank()} of {dist.get_world_size()}"
-    return who, total.item(), [int(s.item()) for s in slots]
+    return who, total.item(), [int(s.item()) for s in slots], mine.item()
 
 
-who, total, slots = fake_collectives(4)
-print(f"{who}, one process: all_reduce of ones {total:.1f}, all_gather of the rank {slots}; "
-      f"still initialized after the cell: {dist.is_initialized()}")
+who, total, slots, mine = fake_collectives(4)
+print(f"{who}, one process: all_reduce of ones {total:.1f}, all_gather of the rank {slots}, "
+      f"reduce_scatter of [1, 2, 3, 4] {mine:.1f}")
+print(f"still initialized after the cell: {dist.is_initialized()}")
 
 # %% [markdown]
 # Output:
 # ```text
-# backend fake, rank 0 of 4, one process: all_reduce of ones 1.0, all_gather of the rank [0, 0, 0, 0]; still initialized after the cell: False
+# backend fake, rank 0 of 4, one process: all_reduce of ones 1.0, all_gather of the rank [0, 0, 0, 0], reduce_scatter of [1, 2, 3, 4] 1.0
+# still initialized after the cell: False
 # ```
 #
-# The sum of four ranks' ones is still 1.0, and every slot of the gather holds rank 0's own
-# number: a fake collective moves no data between ranks. (It is not a no-op everywhere: a
-# gather copies the local tensor into each slot, so that nothing reads uninitialized
-# memory; `torch/include/torch/csrc/distributed/c10d/FakeProcessGroup.hpp` in your install
-# holds the backend.) What such a group is good for, then, is everything that depends
-# only on shapes and on who holds what: placements, local shapes and bytes per rank, and
-# whether a sharding plan runs at all on a world size you do not have. torchtitan, PyTorch's
-# training library, has a dry-run mode built on it: `NGPU=32 COMM_MODE="fake_backend"
-# ./run_train.sh` calls `init_process_group("fake", rank=..., world_size=32)` in one process
-# to check a 32-GPU configuration (its `docs/debugging.md`, which warns that no
-# data-dependent logic should be validated that way). What it cannot tell you: values (a
-# loss or a gradient computed from a collective's result is not the real one), timing (no
-# bytes move), and hangs (rank 0 here ran every collective alone and nothing waited; on a
-# real group a rank whose collectives do not match the others' waits out the timeout,
-# *09 § Collective order is a contract*).
+# The sum of four ranks' ones is still 1.0, every slot of the gather holds rank 0's own
+# number, and the reduce-scatter hands rank 0 its own first chunk, unsummed: a fake
+# collective moves no data between ranks. (It is not a no-op everywhere: a gather copies
+# the local tensor into each slot, a reduce-scatter this rank's chunk of its own input, so
+# that nothing reads uninitialized memory; `all_reduce` leaves its tensor as it was.
+# `torch/include/torch/csrc/distributed/c10d/FakeProcessGroup.hpp` in your install holds
+# the backend.) What such a group is good for, then, is everything that depends only on
+# shapes and on who holds what: placements, local shapes and bytes per rank, and whether a
+# sharding plan runs at all on a world size you do not have. torchtitan (the PyTorch
+# project's training platform) has a dry-run mode built on it: `NGPU=32
+# COMM_MODE="fake_backend" ./run_train.sh` calls `init_process_group("fake", rank=...,
+# world_size=32)` in one process to check a 32-GPU configuration (its `docs/debugging.md`,
+# which warns that no data-dependent logic should be validated that way). What it cannot
+# tell you: values (a loss or a gradient computed from a collective's result is not the
+# real one), timing (no bytes move), and hangs (rank 0 here ran every collective alone and
+# nothing waited; on a real group a rank whose collectives do not match the others' waits
+# out the timeout, *09 § Collective order is a contract*).
 
 # %% [markdown]
 # ## 6. Mixed precision: bf16 compute, fp32 master weights

@@ -236,9 +236,10 @@ def test_reshard_after_forward_int_on_a_fake_group(lesson):
 
 
 def test_fake_collectives_move_no_data(lesson):
-    """A fake all_reduce leaves its input (real: 4x), a fake all_gather repeats rank 0's."""
-    assert lesson.ns["fake_collectives"](4) == ("backend fake, rank 0 of 4", 1.0, [0, 0, 0, 0])
-    assert lesson.ns["fake_collectives"](2)[1:] == (1.0, [0, 0])
+    """A fake all_reduce leaves its input (real: 4x), a fake all_gather repeats rank 0's, a
+    fake reduce_scatter hands rank 0 its own first chunk, unsummed (real: 4x)."""
+    assert lesson.ns["fake_collectives"](4) == ("backend fake, rank 0 of 4", 1.0, [0, 0, 0, 0], 1.0)
+    assert lesson.ns["fake_collectives"](2)[1:] == (1.0, [0, 0], 1.0)
     assert not dist.is_initialized()
 
 

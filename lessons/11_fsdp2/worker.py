@@ -14,7 +14,7 @@
   The lesson runs `int4_part` in its own process instead, as rank 0 of a fake process group
   of 4 (`init_process_group("fake", rank=0, world_size=4)`: no other process, collectives
   that move no data); the lesson's slow test checks that rank 0 of a real 4-rank launch
-  prints the same lines. Nothing in the part may depend on a collective's values.
+  prints the same lines. Nothing it prints may depend on a collective's values.
 - `pinned`: `CPUOffloadPolicy()` (pin_memory=True by default) on a machine without an
   accelerator; the error is not caught, so the part fails: the launch ends with exit code 1,
   cleanly (the kit's teardown: no barrier after a failure, destroy_process_group, os._exit).
