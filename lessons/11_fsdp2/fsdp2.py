@@ -133,8 +133,11 @@ show(run, "ddp knobs")
 # rank 0: unused layer, DDP(find_unused_parameters=True): 2 backward passes ran, spare.weight.grad None
 # rank 0: unused layer, DDP(static_graph=True): 2 backward passes ran, spare.weight.grad None
 # rank 0: all-reduces in iterations 1, 2, 3, DDP(defaults, every parameter used): [1, 1, 1]; reducer's unused_parameter_size 0 bytes
+# rank 0:   iteration 1 all-reduced: float [29632]; the model has 29 parameter tensors
 # rank 0: all-reduces in iterations 1, 2, 3, DDP(find_unused_parameters=True): [2, 2, 2]; reducer's unused_parameter_size 4224 bytes
+# rank 0:   iteration 1 all-reduced: float [30688], int [31]; the model has 31 parameter tensors
 # rank 0: all-reduces in iterations 1, 2, 3, DDP(static_graph=True): [2, 1, 1]; reducer's unused_parameter_size 4224 bytes
+# rank 0:   iteration 1 all-reduced: float [30688], int [31]; the model has 31 parameter tensors
 # rank 0: find_unused_parameters=True: the graph walked from the logits after each forward has 112 autograd nodes
 # rank 0: fp16_compress_hook: bytes all-reduced 59264 vs 118528; largest grad gap, relative to the tensor's largest grad, above 1e-6: True, below 1e-3: True
 # ```
@@ -146,11 +149,14 @@ show(run, "ddp knobs")
 # each forward, DDP hands the outputs to its reducer, which walks the autograd graph back
 # from them (112 nodes here, counted by the worker's own walk of the same graph) to find
 # the parameters no gradient will reach; and every backward issues a second all-reduce,
-# 2 instead of 1 per iteration, to agree across ranks on which parameters were used (the
-# reducer's used-parameter map, `local_used_map_` in `reducer.cpp`). `static_graph=True`
-# pays that second all-reduce only in the first iteration, `[2, 1, 1]`: it records which
-# parameters were unused (the reducer's log says 4,224 bytes, the spare layer's 32 × 32 +
-# 32 fp32 values) and then assumes every later iteration uses the same ones. That is a
+# 2 instead of 1 per iteration: 31 `int` values, one per parameter tensor, so that the
+# ranks agree on which parameters were used (the reducer's used-parameter map,
+# `local_used_map_` in `reducer.cpp`). The gradients' all-reduce still carries the unused
+# layer's slots: 30,688 floats, the model's 29,632 plus the spare layer's 1,056.
+# `static_graph=True` pays that second all-reduce only in the first iteration, `[2, 1, 1]`:
+# it records which parameters were unused (the reducer's log says 4,224 bytes, the spare
+# layer's 32 × 32 + 32 fp32 values) and then assumes every later iteration uses the same
+# ones. That is a
 # promise: a model whose set of used parameters changes from one step to the next breaks
 # it. The unused layer's gradient stays `None` either way. The fp16 hook halves the bytes
 # each rank all-reduces, 59,264 instead of 118,528 for this model, and pays in precision:

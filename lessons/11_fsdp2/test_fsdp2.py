@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from scripts.checker import documented_block, read_cells
-from scripts.multirank import GROUP_TIMEOUT_S, launch, running
+from scripts.multirank import GROUP_TIMEOUT_S, launch, still_running
 from scripts.pytest_course import import_file
 
 pytestmark = pytest.mark.multirank
@@ -251,7 +251,7 @@ def test_reshard_after_forward_int_on_four_ranks():
     assert run4.ok and sorted(run4.out) == [0, 1, 2, 3], run4.describe()
     for rank in range(4):
         assert "Traceback" not in run4.err[rank] and "Warning" not in run4.err[rank], run4.err[rank]
-    assert run4.leftover == 0 and running(WORKER) == []
+    assert run4.leftover == 0 and still_running(WORKER, run4.mark) == []
     real = run4.out[0].splitlines()
     assert real == documented("worker.int4_part("), real
     assert real == fake_int4(), real
@@ -337,7 +337,7 @@ def test_failing_launch_ends_cleanly():
             assert "padded_sharded_param.pin_memory()" in result.err[rank], result.describe()
             assert "RuntimeError" in result.err[rank], result.describe()
         assert "sharded with pinned CPU offload" not in result.out[rank]
-    assert result.leftover == 0 and running(WORKER) == []
+    assert result.leftover == 0 and still_running(WORKER, result.mark) == []
 
 
 @pytest.mark.multigpu

@@ -212,11 +212,15 @@ def all_reduces(kw, device, tokens, steps=3):
     if kw:
         model.spare = nn.Linear(D, D)  # registered, never called
     ddp, counts = DDP(model, **kw), []
-    for _ in range(steps):
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+    for step in range(steps):
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             loss_fn(ddp, tokens).backward()
         counts.append(sum(e.name == "c10d::allreduce_" for e in prof.events()))
-    return counts, ddp._get_ddp_logging_data()["unused_parameter_size"]
+        if step == 0:  # what each all-reduce carried: the backend's events record the tensors
+            sent = sorted(f"{e.input_dtypes[0]} {e.input_shapes[0]}" for e in prof.events()
+                          if e.name in ("gloo:all_reduce", "nccl:all_reduce"))
+    tensors = len(list(model.parameters()))
+    return counts, ddp._get_ddp_logging_data()["unused_parameter_size"], sent, tensors
 
 
 def show_ddp_knobs(device):
@@ -226,10 +230,11 @@ def show_ddp_knobs(device):
         shared(f"unused layer, DDP({', '.join(f'{k}={v}' for k, v in kw.items()) or 'defaults'}): "
                f"{unused_steps(kw, device, mine)}")
     for kw in ({}, {"find_unused_parameters": True}, {"static_graph": True}):
-        counts, unused = all_reduces(kw, device, mine)
+        counts, unused, sent, tensors = all_reduces(kw, device, mine)
         name = ", ".join(f"{k}={v}" for k, v in kw.items()) or "defaults, every parameter used"
         shared(f"all-reduces in iterations 1, 2, 3, DDP({name}): {counts}; "
                f"reducer's unused_parameter_size {unused} bytes")
+        shared(f"  iteration 1 all-reduced: {', '.join(sent)}; the model has {tensors} parameter tensors")
     nodes = graph_nodes(make_model(torch.float32, device)(mine[:, :-1]))
     shared(f"find_unused_parameters=True: the graph walked from the logits after each forward has {nodes} autograd nodes")
     exact, full = compressed_grads(device, mine)
