@@ -773,7 +773,9 @@ fig.savefig(HERE / "restart_drill.png")
 # The kit runs 2 agents of 1 rank each, as two simulated nodes on this machine
 # (`launch(WORKER, [...], nproc=1, nnodes=2, min_nodes=1, restarts=1)`), with short
 # rendezvous timings: a node that misses 2 heartbeats 1 s apart is dropped, and a round
-# closes 2 s after it has enough nodes (torchrun's defaults: 3 heartbeats 5 s apart, 30 s).
+# closes when both nodes are in, or 2 s after the first one joined (torchrun's defaults: 3
+# heartbeats 5 s apart, 30 s). `LOGLEVEL=INFO` in the agents' environment makes torchrun's
+# agents log why they restart their ranks.
 # `worker.py elastic` trains one step of section 3's FSDP2 model and saves it with DCP. It
 # also does, on purpose, what the drill's worker never does: each rank writes its part of
 # the data set into a file named after its rank (`rank0.json`, `rank1.json`). Then both
@@ -789,7 +791,7 @@ elastic_dir = TMP / "elastic"
 elastic_dir.mkdir()
 with kill_when(lambda: node_of(held_pid(elastic_dir, 0))) as gone:  # node 0: agent and rank
     elastic = launch(WORKER, ["elastic", str(elastic_dir)], nproc=1, nnodes=2, min_nodes=1,
-                     restarts=1)
+                     restarts=1, env={"LOGLEVEL": "INFO"})
 print(f"killed {len(gone)} processes; agents' exit codes {list(elastic.agent_codes)}; "
       f"attempts {elastic.attempts}; processes left {elastic.leftover}")
 show(elastic, "elastic", 0)
@@ -797,6 +799,8 @@ agents = [int(re.search(r"agent (\d+)", lines[0])[1])
           for lines in section(elastic, "elastic", 0).values()]  # [RANK 0's, RANK 1's]
 print(f"RANK 0's agent has the lower pid: {agents[0] < agents[1]}")
 print(f"rank 1's attempt 0 failed in a barrier: {'in hold_in_barriers' in elastic.logs[0, 1][1]}")
+why = re.findall(r"\[default\] (Worker group \w+\..*|Detected \d+ new nodes.*)", elastic.agent)
+print(f"why node 1's agent restarted its rank: {why}")
 
 # %% [markdown]
 # Output:
@@ -808,6 +812,7 @@ print(f"rank 1's attempt 0 failed in a barrier: {'in hold_in_barriers' in elasti
 # rank 1: saved step_1; rows 24-47 of 48 noted in rank1.json
 # RANK 0's agent has the lower pid: True
 # rank 1's attempt 0 failed in a barrier: True
+# why node 1's agent restarted its rank: ['Worker group FAILED. 1/1 attempts left; will restart worker group']
 # ```
 #
 # The kill took 2 processes, node 0's agent and its rank (`gone` lists their pids); the agents'
@@ -815,10 +820,14 @@ print(f"rank 1's attempt 0 failed in a barrier: {'in hold_in_barriers' in elasti
 # node 1's ended normally (0). Nothing was left running. Node 0's agent had the lower pid,
 # so its rank was `RANK=0`.
 #
-# A torchrun agent watches only its own ranks. Node 1's agent learned nothing from node 0's
-# death until its rank's next barrier failed and the rank exited with an error: that
-# failure is what made the agent restart it. The traceback is in that rank's stderr, which
-# the kit keeps with its stdout (`elastic.logs[0, 1]`: attempt 0, rank 1).
+# A torchrun agent restarts its ranks for one of two reasons (`_invoke_run` in
+# `torch/distributed/elastic/agent/server/api.py`): one of them failed (a restart that
+# counts against `--max-restarts`), or a new node waits to join (one that does not count).
+# A node that dies is neither: node 1's agent did nothing about node 0's death until its
+# rank's next barrier raised and the rank exited with an error. Its log names that failure
+# as the reason (`1/1 attempts left`: this restart is the one `--max-restarts=1` allows).
+# The traceback is in that rank's stderr, which the kit keeps with its stdout
+# (`elastic.logs[0, 1]`: attempt 0, rank 1).
 #
 # **Predict.** Now the second attempt, on node 1 alone.
 

@@ -197,6 +197,8 @@ def test_elastic_run_loses_a_node_and_renumbers_the_survivor(lesson):
     assert gone[0] == ns["agents"][0] and pid0 in gone[1:], (gone, first)  # agent first
     assert set(again) == {0} and again[0][0].startswith("rank 0: attempt 1: RANK=0 of WORLD_SIZE=1")
     assert "Traceback" not in run.err[0], run.describe()  # attempt 1 ended clean
+    # the restart came from the rank's failure (a counted restart), not a membership change
+    assert ns["why"] == ["Worker group FAILED. 1/1 attempts left; will restart worker group"]
     assert still_running(ns["WORKER"], run.mark) == []
 
 

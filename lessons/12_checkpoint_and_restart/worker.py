@@ -5,11 +5,13 @@
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2 \\
         --max-restarts=1 lessons/12_checkpoint_and_restart/worker.py drill DIR --hold 9
     ... add --backend nccl on a machine with 2 CUDA devices. Use an empty DIR each time.
-    Elastic, two agents (two shells, the same PORT; kill the first one's agent and rank):
+    Elastic, two agents (two shells, the same free PORT and DIR; start the is_host=0 one first):
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=1:2 --nproc-per-node=1 \\
         --max-restarts=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT --rdzv-id=job \\
         --rdzv-conf=is_host=0,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2 \\
         lessons/12_checkpoint_and_restart/worker.py elastic DIR     (is_host=1 in the second)
+    Once both ranks have saved, `kill -9 AGENT PID` from a third shell, with the two pids that
+    RANK 0 printed (node 0 dies); the other shell's agent restarts its rank as RANK 0 of 1.
     With --hold K the first attempt stops after step K and waits (60 s) for a kill: `kill -9`
     one of the pids it prints, from another shell.
 
@@ -407,6 +409,7 @@ def elastic_first(device, root, rank, world):
     """Train a step, save it with DCP, and (the mistake this part shows) keep a note of this
     rank's work in a file named after the rank. Then wait in collectives for the kill."""
     note = {"rows": rows_of(rank, world), "agent": os.getppid()}
+    root.mkdir(parents=True, exist_ok=True)  # run by hand, DIR may not exist yet
     (root / f"rank{rank}.json").write_text(json.dumps(note))
     model, optim, sched = build(device)
     train_step(model, optim, sched, 1, device)
@@ -419,8 +422,9 @@ def elastic_first(device, root, rank, world):
 
 
 def hold_in_barriers(root):
-    """Like hold, but in a loop of barriers: a torchrun agent watches only its own ranks, so
-    the survivors learn that another node died when a collective with it fails."""
+    """Like hold, but in a loop of barriers: a torchrun agent restarts its ranks when one of
+    them fails or a new node waits to join, not when another node dies, so a survivor's agent
+    acts once its rank's collective with the dead node fails."""
     (root / "held").mkdir(exist_ok=True)
     (root / "held" / str(os.getpid())).write_text(os.environ["RANK"])
     end = time.monotonic() + HOLD_S
