@@ -1087,11 +1087,13 @@ read_the_source([
      "(refused below 0). `run` below gives `--standalone` a local c10d rendezvous and hands "
      "the config to `elastic_launch`, whose agent (`_invoke_run` in "
      "`torch/distributed/elastic/agent/server/api.py`) stops and restarts the whole worker "
-     "group after a failure while `_remaining_restarts > 0`. `--nnodes=1:2` becomes "
+     "group after a failure while `_remaining_restarts > 0`, and also, without counting it, "
+     "when a new node waits to join (`num_nodes_waiting`). `--nnodes=1:2` becomes "
      "`min_nodes`, `max_nodes` (`parse_min_max_nnodes`); each restart is a new rendezvous "
      "round, and `_mark_rendezvous_complete` in "
      "`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py` numbers its nodes by "
-     "sorting them (host, pid): section 6's survivor became node 0."),
+     "sorting them (host, pid): section 6's survivor, node 1 of round 0, was node 0 of "
+     "round 1."),
     ("torch/_weights_only_unpickler.py", "class Unpickler:",
      "What `torch.load(..., weights_only=True)` unpickles with: `load` reads the pickle opcode "
      "by opcode and, at each `GLOBAL`, looks the name up in `_get_allowed_globals()` and in "
@@ -1136,11 +1138,13 @@ read_the_source([
 #     `max_restarts` (refused below 0). `run` below gives `--standalone` a local c10d
 #     rendezvous and hands the config to `elastic_launch`, whose agent (`_invoke_run` in
 #     `torch/distributed/elastic/agent/server/api.py`) stops and restarts the whole worker
-#     group after a failure while `_remaining_restarts > 0`. `--nnodes=1:2` becomes
+#     group after a failure while `_remaining_restarts > 0`, and also, without counting
+#     it, when a new node waits to join (`num_nodes_waiting`). `--nnodes=1:2` becomes
 #     `min_nodes`, `max_nodes` (`parse_min_max_nnodes`); each restart is a new rendezvous
 #     round, and `_mark_rendezvous_complete` in
 #     `torch/distributed/elastic/rendezvous/dynamic_rendezvous.py` numbers its nodes by
-#     sorting them (host, pid): section 6's survivor became node 0.
+#     sorting them (host, pid): section 6's survivor, node 1 of round 0, was node 0 of
+#     round 1.
 # torch/_weights_only_unpickler.py:«line»  `class Unpickler:`
 #     What `torch.load(..., weights_only=True)` unpickles with: `load` reads the pickle
 #     opcode by opcode and, at each `GLOBAL`, looks the name up in
