@@ -146,7 +146,10 @@ def commands(worker, args, nproc, nnodes, restarts, logs: Path, mark: str,
     rendezvous, exactly as the nodes of a multi-node job do (the first one hosts its store).
     min_nodes < nnodes: an elastic job (`--nnodes=min:max`) that goes on while min_nodes
     remain; the *last* agent hosts the store, so that the first one (node 0: c10d numbers
-    nodes by pid) can die without taking the rendezvous with it."""
+    nodes by pid) can die without taking the rendezvous with it. Two assumptions, never
+    seen to fail here (a loaded 2-core machine included): pids grow from one agent's start
+    to the next (no wrap-around), and every agent joins the first round within
+    ELASTIC_RDZV's 2 s last call (a later one makes a second round: other ranks)."""
     run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--max-restarts={restarts}", "--redirects", "3"]
     tail = [str(worker), *map(str, args)]
