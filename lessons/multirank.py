@@ -39,6 +39,10 @@ The precautions, each measured on the course's machine:
 - One log file per rank (`--log-dir` with `--redirects 3`): two ranks printing to one
   terminal can interleave inside a line.
 - `OMP_NUM_THREADS=1`: one thread per rank on a small CPU.
+- `--local-addr=127.0.0.1`: otherwise torchrun gives the ranks the machine's fully
+  qualified host name as MASTER_ADDR (and the rendezvous as the node's address); where that
+  name does not resolve (laptops, macOS in particular), every launch waits out its timeout.
+  Every agent of a launch runs on this machine, so the loopback address always works.
 - `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`: without it a group restarted by `--max-restarts`
   reads the first attempt's stale addresses and fails or hangs (pytorch/pytorch#135712).
 - In a rank, `serve` tears down with a barrier only when the part ended normally, then
@@ -151,7 +155,7 @@ def commands(worker, args, nproc, nnodes, restarts, logs: Path, mark: str,
     to the next (no wrap-around), and every agent joins the first round within
     ELASTIC_RDZV's 2 s last call (a later one makes a second round: other ranks)."""
     run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           f"--max-restarts={restarts}", "--redirects", "3"]
+           f"--max-restarts={restarts}", "--redirects", "3", "--local-addr=127.0.0.1"]
     tail = [str(worker), *map(str, args)]
     if nnodes == 1:
         return [[*run, "--standalone", "--log-dir", str(logs / "agent0"), *tail]]

@@ -298,3 +298,30 @@ def test_a_launch_removes_the_logs_of_launchers_that_are_gone():
     finally:
         for folder in (stale, mine):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _can_rename_host() -> bool:
+    try:
+        probe = subprocess.run(["unshare", "--uts", "hostname", "course-probe"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not _can_rename_host(),
+                    reason="needs Linux and `unshare --uts` (root, or user namespaces) to give this "
+                           "process a host name that does not resolve")
+def test_a_host_name_that_does_not_resolve_changes_nothing():
+    """torchrun gives the ranks the host's fully qualified name as MASTER_ADDR unless told
+    --local-addr: with a name that does not resolve, every launch waited out its timeout (60 s
+    measured). In a UTS namespace of its own a child renames its host and launches."""
+    child = (f"import socket, sys; sys.path.insert(0, {str(LESSONS)!r}); from multirank import launch\n"
+             "try:\n    socket.gethostbyname(socket.getfqdn()); print('resolves')\n"
+             "except OSError:\n    print('does not resolve')\n"
+             f"for n in (1, 2):\n    run = launch({str(WORKERS / 'all_reduce.py')!r}, ['all_reduce'], nnodes=n, timeout=40)\n"
+             "    print(n, run.ok, run.out[0].splitlines()[-1] if run.out else run.describe())\n")
+    script = f"hostname course-no-such-host-{os.getpid()} && exec {sys.executable} -c \"$0\""
+    done = subprocess.run(["unshare", "--uts", "sh", "-c", script, child], capture_output=True, text=True,
+                          timeout=150)
+    assert done.stdout.splitlines() == ["does not resolve", "1 True rank 0: all_reduce -> [11.0, 22.0]",
+                                        "2 True rank 0: all_reduce -> [1111.0, 2222.0]"], done.stdout + done.stderr
