@@ -100,12 +100,14 @@ WORKER = HERE / "worker.py"
 #   line with one `print` call, prefixed `rank N:` (the kit's `say`), for when you run it
 #   by hand.
 # - **`OMP_NUM_THREADS=1`.** Two ranks on two cores: more threads per rank only fight.
-# - **`--local-addr=127.0.0.1`.** torchrun tells the ranks where to meet (`MASTER_ADDR`)
-#   by the machine's fully qualified host name. On a laptop whose name does not resolve to
-#   an address (common on macOS), every launch then waits until its timeout; with the
-#   loopback address it does not depend on the name (measured with a host name that does
-#   not resolve: 60 s to the timeout without the flag, 2.7 s with it;
-#   `tests/test_multirank.py` repeats it where the system lets it rename the host).
+# - **`--local-addr=127.0.0.1`.** Without it torchrun tells the ranks where to meet
+#   (`MASTER_ADDR`) by the fully qualified host name of rank 0's machine
+#   (`socket.getfqdn()`). On a machine whose name does not resolve to an address (reported
+#   on macOS, pytorch/pytorch#26049), every rank then retries that name until a timeout
+#   ends the launch; with the loopback address the name does not matter. Measured here on
+#   Linux with a host name that does not resolve: without the flag the same launch ran for
+#   over a minute and failed, with it it succeeded in 2.7 s;
+#   `tests/test_multirank.py` repeats it where the system lets it rename the host.
 #
 # The worker's side of the kit is `serve`: `worker.py` ends with
 # `serve({"collectives": collectives, ...})`, which reads the part to run from the command
