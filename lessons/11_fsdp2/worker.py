@@ -217,6 +217,9 @@ def all_reduces(kw, device, tokens, steps=3):
             loss_fn(ddp, tokens).backward()
         counts.append(sum(e.name == "c10d::allreduce_" for e in prof.events()))
         if step == 0:  # what each all-reduce carried: the backend's events record the tensors
+            # sorted: gloo records these in its worker threads, so the list's order is not
+            # reliably the order DDP issued them (static_graph's iteration 1 issues the map
+            # first, find_unused_parameters after the gradients: seen with a recording group)
             sent = sorted(f"{e.input_dtypes[0]} {e.input_shapes[0]}" for e in prof.events()
                           if e.name in ("gloo:all_reduce", "nccl:all_reduce"))
     tensors = len(list(model.parameters()))
