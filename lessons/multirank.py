@@ -41,8 +41,9 @@ The precautions, each measured on the course's machine:
 - `OMP_NUM_THREADS=1`: one thread per rank on a small CPU.
 - `--local-addr=127.0.0.1`: otherwise torchrun gives the ranks the machine's fully
   qualified host name as MASTER_ADDR (and the rendezvous as the node's address); where that
-  name does not resolve (laptops, macOS in particular), every launch waits out its timeout.
-  Every agent of a launch runs on this machine, so the loopback address always works.
+  name does not resolve (reported on macOS: pytorch/pytorch#26049), the ranks retry it
+  until a timeout ends the launch. Every agent of a launch runs on this machine, so the
+  loopback address always works.
 - `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`: without it a group restarted by `--max-restarts`
   reads the first attempt's stale addresses and fails or hangs (pytorch/pytorch#135712).
 - In a rank, `serve` tears down with a barrier only when the part ended normally, then

@@ -313,8 +313,9 @@ def _can_rename_host() -> bool:
                            "process a host name that does not resolve")
 def test_a_host_name_that_does_not_resolve_changes_nothing():
     """torchrun gives the ranks the host's fully qualified name as MASTER_ADDR unless told
-    --local-addr: with a name that does not resolve, every launch waited out its timeout (60 s
-    measured). In a UTS namespace of its own a child renames its host and launches."""
+    --local-addr: with a name that does not resolve, the ranks retried it until the launch's
+    timeout (60, 90 and 120 s launches all failed). In a UTS namespace of its own a child
+    renames its host and launches."""
     child = (f"import socket, sys; sys.path.insert(0, {str(LESSONS)!r}); from multirank import launch\n"
              "try:\n    socket.gethostbyname(socket.getfqdn()); print('resolves')\n"
              "except OSError:\n    print('does not resolve')\n"
