@@ -593,7 +593,7 @@ print(f"wrote {trace.name}: regions {sorted(regions)}")
 total_us = sum(regions.values())
 print("share of the step: " + ", ".join(f"{k} {100 * v / total_us:.0f}%" for k, v in regions.items()))
 ran = sorted(e.key for e in prof.key_averages() if "scaled_dot_product" in e.key)
-print(f"ATen ops called in the step: {sum(e.count for e in prof.key_averages() if e.key.startswith('aten::'))}")
+print(f"ATen ops called in the step: {sum(e.count for e in prof.key_averages() if e.key.startswith('aten::')):,}")
 for op in ran:
     print(f"  attention ran as {op}")
 with FlopCounterMode(display=False) as counter:
@@ -620,7 +620,7 @@ print(f"FlopCounterMode has a formula for the CPU's op: {cpu_op in registry}; fo
 # ```text
 # wrote capstone_trace.json: regions ['backward', 'forward', 'optimizer']
 # share of the step: forward «number»%, backward «number»%, optimizer «number»%
-# ATen ops called in the step: 1412
+# ATen ops called in the step: 1,412
 #   attention ran as aten::_scaled_dot_product_flash_attention_for_cpu
 #   attention ran as aten::_scaled_dot_product_flash_attention_for_cpu_backward
 #   attention ran as aten::scaled_dot_product_attention
@@ -710,17 +710,23 @@ for _ in range(11):  # interleaved, so that a busy moment of the machine slows b
 share = statistics.median(one) / statistics.median(full)
 print(f"a step on 1 row: {share:.0%} of the 64-row step's time (1/64 is {1 / 64:.1%}); "
       f"more than a tenth: {share > 0.1}")
+with profile(activities=[ProfilerActivity.CPU]) as prof_one:
+    step_with_regions(probe, probe_opt, batch[:1])
+calls = sum(e.count for e in prof_one.key_averages() if e.key.startswith("aten::"))
+print(f"ATen ops called in a 1-row step: {calls:,}")
 
 # %% [markdown]
 # Output:
 # ```text
 # a step on 1 row: «ratio»% of the 64-row step's time (1/64 is 1.6%); more than a tenth: True
+# ATen ops called in a 1-row step: 1,404
 # ```
 #
 # The share depends on the machine (hence `«ratio»`; 25-32% on the course's machine,
 # whichever vector ISA it was given), but it is far above 1/64: much of a step does not
-# shrink with the rows. A 1-row step makes the same ATen calls, each with its fixed cost,
-# and AdamW updates every parameter whatever the batch. A bigger batch does not make that
+# shrink with the rows. A 1-row step makes almost as many ATen calls as the 64-row one
+# (compare with the count above), each with its fixed cost, and AdamW updates every
+# parameter whatever the batch. A bigger batch does not make that
 # part cheaper; it spreads it over more rows.
 
 # %% [markdown]
