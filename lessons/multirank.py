@@ -173,6 +173,8 @@ def launch(worker, args=(), *, nproc: int = 2, nnodes: int = 1, min_nodes: int |
     """Run `worker args` on nnodes x nproc ranks under a hard timeout; leave no process.
     min_nodes < nnodes makes the job elastic: when an agent dies, the others go on (each may
     restart its ranks, `restarts` times) and the launch waits for all of them."""
+    if min_nodes is not None and not 1 <= min_nodes <= nnodes:
+        raise ValueError(f"min_nodes must be between 1 and nnodes={nnodes}, not {min_nodes}")
     logs = _log_dir()
     mark = uuid.uuid4().hex
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",

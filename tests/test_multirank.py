@@ -225,6 +225,9 @@ def test_commands_of_an_elastic_launch(tmp_path):
                     f"--rdzv-conf=is_host=0,{multirank.ELASTIC_RDZV}",
                     f"--rdzv-conf=is_host=1,{multirank.ELASTIC_RDZV}"]
     assert multirank.commands("w.py", [], 2, 2, 0, tmp_path, "m" * 32, min_nodes=2) != elastic
+    for wrong in (0, 3):  # refused before anything starts
+        with pytest.raises(ValueError, match="min_nodes"):
+            launch("w.py", nnodes=2, min_nodes=wrong)
 
 
 @pytest.mark.parametrize("elastic", [False, True])

@@ -306,10 +306,15 @@ def hold(root, where):
     """Stop here until the parent kills a rank (the first attempt only): every rank writes
     its pid, named by the pid, and waits; torchrun then stops the ranks the parent spared."""
     say(f"holding {where}")
-    (root / "held").mkdir(exist_ok=True)
-    (root / "held" / str(os.getpid())).write_text(os.environ["RANK"])
+    announce(root)
     time.sleep(HOLD_S)
     raise TimeoutError(f"no kill came within {HOLD_S} s")
+
+
+def announce(root):
+    """Tell the parent this rank holds: root/held/<pid> holds its RANK (see held_pid)."""
+    (root / "held").mkdir(exist_ok=True)
+    (root / "held" / str(os.getpid())).write_text(os.environ["RANK"])
 
 
 class HoldingWriter(dcp.FileSystemWriter):
@@ -425,8 +430,7 @@ def hold_in_barriers(root):
     """Like hold, but in a loop of barriers: a torchrun agent restarts its ranks when one of
     them fails or a new node waits to join, not when another node dies, so a survivor's agent
     acts once its rank's collective with the dead node fails."""
-    (root / "held").mkdir(exist_ok=True)
-    (root / "held" / str(os.getpid())).write_text(os.environ["RANK"])
+    announce(root)
     end = time.monotonic() + HOLD_S
     while time.monotonic() < end:
         dist.barrier()  # raises on the survivor once the other node's rank is gone
