@@ -252,7 +252,8 @@ def check_outputs(lesson: str, cells: list[Cell], printed: dict[int, str]) -> li
         if not actual:
             continue
         if block is None:
-            problems.append(f"{lesson}, cell {cell.number}: prints but no Output: block follows it\n" + "\n".join(actual))
+            problems.append(f"{lesson}, cell {cell.number}: prints but no Output: block follows it\n"
+                            + "\n".join(actual))
         elif len(block) != len(actual) or not all(map(line_matches, block, actual)):
             problems.append(f"{lesson}, cell {cell.number}: {DIFFERS}\n" + diff(block, actual, cell.number))
     return problems

@@ -109,7 +109,8 @@ def render(torch: str, installed: str, python: Path, checks: list[Check]) -> str
 def targets(names: list[str]) -> list[tuple[Path, str, float]]:
     """(script, name, time limit) for each lesson number or script path; all ready lessons."""
     if not names:
-        return [(l.script, f"{l.number} {l.title}", max(300.0, 5 * l.budget_s)) for l in ready()]
+        return [(lesson.script, f"{lesson.number} {lesson.title}", max(300.0, 5 * lesson.budget_s))
+                for lesson in ready()]
     out = []
     for n in names:
         if n.endswith(".py"):

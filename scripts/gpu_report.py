@@ -28,7 +28,6 @@ import os
 import platform
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -174,14 +173,17 @@ def event_ms(torch, fn, warmup=3, repeats=10) -> float:
     return cuda_median_ms(fn, warmup, repeats)
 
 
-def ceilings(torch) -> list[list]:
-    """What this device does at best, as references for the lessons' figures."""
-    found = []
+def copy_gbps(torch) -> float:
+    """GB/s of a device-to-device copy of 1 GiB, read + write; the buffers are freed on return."""
     x = torch.empty(2**28, device="cuda")  # 1 GiB of float32
     y = torch.empty_like(x)
     ms = event_ms(torch, lambda: y.copy_(x))
-    found.append(["device-to-device copy, 1 GiB, read + write [GB/s]", round(2 * x.nbytes / ms / 1e6, 1)])
-    del x, y
+    return round(2 * x.nbytes / ms / 1e6, 1)
+
+
+def ceilings(torch) -> list[list]:
+    """What this device does at best, as references for the lessons' figures."""
+    found = [["device-to-device copy, 1 GiB, read + write [GB/s]", copy_gbps(torch)]]
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("highest")  # plain fp32, no TF32
@@ -341,7 +343,8 @@ def explain(t: Result, device: Device | None) -> str:
             why += (f" — **looks like the torch version**: an API missing or changed in torch {device.torch} "
                     f"(the course is pinned to {device.pin})")
         else:
-            why += f" — ran on torch {device.torch}, not the pin {device.pin}: rerun on {device.pin} before blaming the lesson"
+            why += (f" — ran on torch {device.torch}, not the pin {device.pin}: "
+                    f"rerun on {device.pin} before blaming the lesson")
     return why
 
 
@@ -372,7 +375,8 @@ def lesson_section(r: LessonResult, device: Device | None) -> list[str]:
     for t in r.tests:
         lines += result_section(t, device)
     if r.log_tail:
-        lines += ["<details><summary>pytest output (end)</summary>", "", "```text", r.log_tail, "```", "", "</details>", ""]
+        lines += ["<details><summary>pytest output (end)</summary>", "", "```text", r.log_tail, "```", "",
+                  "</details>", ""]
     return lines
 
 
@@ -383,7 +387,8 @@ def summary(results: list[LessonResult], device: Device | None) -> list[str]:
         figures = sum(len(t.figures) for t in r.tests)
         multi = sum(t.outcome == "skipped" and "multigpu" in t.markers for t in r.tests)
         notes = [r.problem, f"needs ≥ 2 GPUs (unverified): {multi}" if multi else "",
-                 f"failures naming a missing API: {n}" if (n := sum(version_suspect(t, device) for t in r.tests)) else ""]
+                 f"failures naming a missing API: {n}"
+                 if (n := sum(version_suspect(t, device) for t in r.tests)) else ""]
         note = "; ".join(n for n in notes if n)
         rows.append(f"| {r.number} {r.title} | {len(r.tests)} | {r.count('passed')} | {r.count('failed')} | "
                     f"{r.count('error')} | {r.count('skipped')} | {figures} | {r.seconds:.0f} s | {note} |")
@@ -429,8 +434,10 @@ def render(device: Device | None, results: list[LessonResult], when: str, second
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Run the course's GPU tests and write results/gpu/<device>.md")
     p.add_argument("--lessons", nargs="*", help="lesson numbers (default: every lesson with a GPU test)")
-    p.add_argument("--out", type=Path, help="folder for the report (default results/gpu; build/gpu-report on a dry run)")
-    p.add_argument("--dry-run", action="store_true", help="without a GPU: collect and skip everything, report under build/")
+    p.add_argument("--out", type=Path,
+                   help="folder for the report (default results/gpu; build/gpu-report on a dry run)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="without a GPU: collect and skip everything, report under build/")
     p.add_argument("--budget", type=int, default=BUDGET_S, help="seconds for all lessons together")
     p.add_argument("--no-ceilings", action="store_true", help="skip the copy and matmul ceilings")
     return p.parse_args(argv)

@@ -17,5 +17,5 @@ from scripts.manifest import LESSONS
 if str(LESSONS) not in sys.path:
     sys.path.append(str(LESSONS))
 
-from multirank import *  # noqa: E402,F401,F403
-from multirank import __all__  # noqa: E402,F401
+from multirank import *  # noqa: F403
+from multirank import __all__  # noqa: F401

@@ -88,7 +88,7 @@ def check(script: Path, name: str, level: str, limit: float) -> Result:
 def targets(names: list[str]) -> list[tuple[Path, str, float]]:
     """(script, name, time limit) for each lesson number or script path asked for."""
     if not names:
-        return [(l.script, l.number, max(300.0, 5 * l.budget_s)) for l in ready()]
+        return [(lesson.script, lesson.number, max(300.0, 5 * lesson.budget_s)) for lesson in ready()]
     out = []
     for n in names:
         if n.endswith(".py"):

@@ -24,7 +24,7 @@ from scripts.checker import read_cells
 from scripts.manifest import LESSONS, ROOT, Lesson, find, ready
 
 sys.path.insert(0, str(LESSONS))
-import sourcemap  # noqa: E402  (lessons/sourcemap.py: what the lessons themselves call)
+import sourcemap
 
 READING = LESSONS / "READING.md"
 Stop = tuple[str, str, str]  # (path, text to find, what to look for there)
@@ -205,7 +205,10 @@ def link(lesson: Lesson) -> str:
 
 def where(path: str, text: str) -> str:
     """A stop as READING.md shows it: the file (a link for a repository file) and the text."""
-    name = f"[`{path.removeprefix(sourcemap.REPO)}`]({sourcemap.link(path)})" if path.startswith(sourcemap.REPO) else f"`{path}`"
+    if path.startswith(sourcemap.REPO):
+        name = f"[`{path.removeprefix(sourcemap.REPO)}`]({sourcemap.link(path)})"
+    else:
+        name = f"`{path}`"
     return f"{name}, at `{text}`"
 
 

@@ -135,7 +135,8 @@ def test_notebooks_are_deterministic_and_staleness_is_detected(tmp_path):
 
 
 def test_a_block_after_prose_is_an_error(tmp_path):
-    text = LESSON.replace("# # A synthetic lesson\n", "# # A synthetic lesson\n\n# %% [markdown]\n# Output:\n# ```text\n# x\n# ```\n")
+    text = LESSON.replace("# # A synthetic lesson\n",
+                          "# # A synthetic lesson\n\n# %% [markdown]\n# Output:\n# ```text\n# x\n# ```\n")
     (found,) = problems(tmp_path, text)
     assert "cell 2: an Output: block that follows no code cell" in found
 
@@ -145,7 +146,8 @@ def test_the_script_runs_as_the_main_module(tmp_path):
     finds the lesson's globals, as under `python lesson.py`."""
     text = LESSON.replace("quiet = 1", "import sys\nquiet = sys.modules[quiet_fn().__module__].HERE\n"
                           "print(quiet == HERE)")
-    text = text.replace("from pathlib import Path\n", "from pathlib import Path\ndef quiet_fn():\n    return quiet_fn\n")
+    text = text.replace("from pathlib import Path\n",
+                        "from pathlib import Path\ndef quiet_fn():\n    return quiet_fn\n")
     text += "\n# %% [markdown]\n# Output:\n# ```text\n# True\n# ```\n"
     run = checker.run_script(write(tmp_path, text))
     assert run.problems() == []
@@ -231,7 +233,7 @@ def test_the_notebook_takes_its_expected_blocks_from_the_script(tmp_path):
 def test_the_command_line_applies_the_manifests_allowed_warnings(monkeypatch):
     from scripts import manifest
 
-    lesson = next(l for l in manifest.ready() if l.allowed_warnings)
+    lesson = next(candidate for candidate in manifest.ready() if candidate.allowed_warnings)
     assert checker.allowed_warnings(lesson.script) == lesson.allowed_warnings
     assert checker.allowed_warnings(Path("/tmp/elsewhere.py")) == ()
 

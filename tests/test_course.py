@@ -22,7 +22,9 @@ def test_torch_is_the_pinned_version():
     pins = tomllib.loads((manifest.ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     pinned = next(p.split("==")[1] for p in pins if p.startswith("torch=="))
     installed = importlib.metadata.version("torch").split("+")[0]
-    assert installed == pinned, f"torch {installed} is installed but the course is pinned to {pinned}: run `make install`"
+    assert installed == pinned, (
+        f"torch {installed} is installed but the course is pinned to {pinned}: run `make install`"
+    )
 
 
 def test_manifest_lists_exactly_the_lesson_folders():
@@ -92,7 +94,7 @@ def test_lesson_is_self_contained(lesson: manifest.Lesson):
                 assert not extra, f"lessons/{kit.name} imports {sorted(extra)}"
 
 
-@pytest.mark.parametrize("lesson", [l for l in READY if (l.dir / "exercises.py").exists()],
+@pytest.mark.parametrize("lesson", [lesson for lesson in READY if (lesson.dir / "exercises.py").exists()],
                          ids=lambda lesson: lesson.number)
 def test_exercises_are_stubs_matching_the_solutions(lesson: manifest.Lesson):
     def public(module):

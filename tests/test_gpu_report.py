@@ -54,7 +54,8 @@ def test_dry_run_collects_without_the_notebook_tools(device_env, tmp_path):
     results = tree(ROOT / "results")
     probe = subprocess.run([sys.executable, "-c", "import jupytext"], env=device_env, capture_output=True, text=True)
     assert probe.returncode != 0 and "ModuleNotFoundError" in probe.stderr  # the poison works
-    out = subprocess.run([sys.executable, "-m", "scripts.gpu_report", "--dry-run", "--lessons", "06", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "scripts.gpu_report", "--dry-run", "--lessons", "06",
+                          "--out", str(tmp_path)],
                          cwd=ROOT, env=device_env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     text = (tmp_path / "dry-run.md").read_text()
@@ -194,8 +195,9 @@ def synthetic_results():
     api = Result("lessons/07_attention/test_attention.py::test_cuda_flex_attention_backward", "failed", ["cuda"], 3.0,
                  reason="AttributeError: module 'torch.nn.attention' has no attribute 'new_thing'",
                  details="E   AttributeError: module 'torch.nn.attention' has no attribute 'new_thing'")
-    plain = Result("lessons/07_attention/test_attention.py::test_cuda_backends_time_and_memory", "failed", ["cuda"], 9.0,
-                   reason="AssertionError: assert 120.0 < 100.0", details="E   AssertionError: assert 120.0 < 100.0")
+    plain = Result("lessons/07_attention/test_attention.py::test_cuda_backends_time_and_memory", "failed",
+                   ["cuda"], 9.0, reason="AssertionError: assert 120.0 < 100.0",
+                   details="E   AssertionError: assert 120.0 < 100.0")
     two = Result("lessons/09_collectives_and_dtensor/test_collectives_and_dtensor.py::test_worker_on_nccl", "skipped",
                  ["multigpu"], 0.0, reason="needs 2 CUDA devices: torch.cuda.device_count() is 1")
     return [
@@ -256,7 +258,8 @@ def test_the_gpu_lessons_are_chosen_from_the_manifest_and_the_markers():
     chosen = {lesson.number for lesson in gpu_report.gpu_lessons(None)}
     for lesson in manifest.ready():
         tests = "".join(p.read_text() for p in lesson.dir.glob("test_*.py"))
-        gpu = {"cuda", "multigpu"} & set(lesson.devices) or "pytest.mark.cuda" in tests or "pytest.mark.multigpu" in tests
+        gpu = ({"cuda", "multigpu"} & set(lesson.devices)
+               or "pytest.mark.cuda" in tests or "pytest.mark.multigpu" in tests)
         assert (lesson.number in chosen) == bool(gpu), lesson.number
     assert [lesson.number for lesson in gpu_report.gpu_lessons(["08", "01"])] == ["01", "08"]
 

@@ -20,7 +20,7 @@ import pytest
 from scripts.manifest import LESSONS
 from scripts.multirank import GRACE_S, GROUP_TIMEOUT_S, kill_when, launch, marked, running
 
-import multirank  # noqa: E402  (the module itself, for its private parts; scripts.multirank put it on the path)
+import multirank
 
 WORKERS = Path(__file__).parent / "workers"
 pytestmark = pytest.mark.multirank
@@ -322,7 +322,8 @@ def test_a_host_name_that_does_not_resolve_changes_nothing():
     child = (f"import socket, sys; sys.path.insert(0, {str(LESSONS)!r}); from multirank import launch\n"
              "try:\n    socket.gethostbyname(socket.getfqdn()); print('resolves')\n"
              "except OSError:\n    print('does not resolve')\n"
-             f"for n in (1, 2):\n    run = launch({str(WORKERS / 'all_reduce.py')!r}, ['all_reduce'], nnodes=n, timeout=40)\n"
+             "for n in (1, 2):\n"
+             f"    run = launch({str(WORKERS / 'all_reduce.py')!r}, ['all_reduce'], nnodes=n, timeout=40)\n"
              "    print(n, run.ok, run.out[0].splitlines()[-1] if run.out else run.describe())\n")
     script = f"hostname course-no-such-host-{os.getpid()} && exec {sys.executable} -c \"$0\""
     done = subprocess.run(["unshare", "--uts", "sh", "-c", script, child], capture_output=True, text=True,

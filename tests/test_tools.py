@@ -36,7 +36,7 @@ def test_requirements_are_exact_pins():
 
 def test_manifest_fields_round_trip():
     raw = tomllib.loads(manifest.MANIFEST.read_text())["lesson"]
-    assert [l.number for l in manifest.load()] == [t["number"] for t in raw]
+    assert [lesson.number for lesson in manifest.load()] == [t["number"] for t in raw]
     assert LESSON_01.script == manifest.ROOT / "lessons/01_tensor_views/tensor_views.py"
     assert manifest.for_path(LESSON_01.script) == LESSON_01
 
@@ -265,7 +265,9 @@ def test_notebooks_collapse_each_expected_block_and_keep_the_prose_visible():
     html = MarkdownIt("commonmark").render(notebooks.collapse_expected(OUTPUT_CELL))
     details = html.split("<details>")[1:]
     assert len(details) == 2
-    assert details[0].startswith("<summary>Expected output</summary>\n<pre><code class=\"language-text\">strides (3, 1)\n")
+    assert details[0].startswith(
+        "<summary>Expected output</summary>\n<pre><code class=\"language-text\">strides (3, 1)\n"
+    )
     assert "<summary>Expected output on a CPU without vector instructions</summary>\n<pre><code" in details[1]
     assert html.rstrip().endswith("<p>The <em>explanation</em> stays visible.</p>")  # outside any <details>
     assert notebooks.collapse_expected("Some prose\n```text\nx\n```") == "Some prose\n```text\nx\n```"

@@ -190,7 +190,7 @@ def test_vector_jacobian_product_and_second_derivative(lesson):
 
 def test_per_sample_gradients(lesson):
     ns = lesson.ns
-    per_sample, looped, weights = ns["per_sample"], ns["looped"], ns["weights"]
+    per_sample, weights = ns["per_sample"], ns["weights"]
     for k, w in weights.items():
         assert per_sample[k].shape == (8, *w.shape)
     assert ns["vmap_gap"] <= 4 * np.spacing(ns["vmap_scale"])  # the printed bound

@@ -99,7 +99,7 @@ def test_three_switches_table(lesson):
 def test_inference_tensors(lesson):
     ns = lesson.ns
     assert ns["t_inf"].is_inference() and not ns["t_inf"].clone().is_inference()
-    for what, attempt in ns["attempts"].items():
+    for attempt in ns["attempts"].values():
         with pytest.raises(RuntimeError, match="[Ii]nference tensor"):
             attempt()
 
@@ -469,7 +469,8 @@ def test_setattr_and_getattr(exercise_module):
     m.a, m.t, m.b, m.sub = p, torch.ones(3), q, Module()
     assert m.a is p and isinstance(m.sub, Module) and m.t.shape == (3,)
     assert list(m._parameters) == ["a", "b"] and list(m._modules) == ["sub"]
-    assert "t" not in m._parameters and [id(x) for x in m.parameters()] == [id(p), id(q)]  # a plain tensor: not registered
+    # a plain tensor: not registered
+    assert "t" not in m._parameters and [id(x) for x in m.parameters()] == [id(p), id(q)]
     m.a = q  # re-assigning keeps the place
     assert list(m._parameters) == ["a", "b"] and m.a is q
     m.sub = p  # a module name re-used for a parameter moves it
@@ -477,7 +478,7 @@ def test_setattr_and_getattr(exercise_module):
     m.b = 3  # an ordinary value replaces the registration
     assert m.b == 3 and "b" not in m._parameters
     with pytest.raises(AttributeError):
-        m.missing
+        m.missing  # noqa: B018 - the read itself must raise
 
 
 @pytest.mark.exercise("Module")

@@ -444,7 +444,7 @@ def count_reads(events):
 
 log, keep = [], []
 with profile(activities=[ProfilerActivity.CPU]) as sync_prof:
-    for step in range(5):
+    for _ in range(5):
         stop, text = train_step(log, keep)
 reads = count_reads(sync_prof.events())
 parents = [(e.cpu_parent.name, e.name) for e in sync_prof.events() if e.cpu_parent]

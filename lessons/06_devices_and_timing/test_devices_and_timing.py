@@ -224,7 +224,7 @@ def test_sync_debug_mode_limits(lesson):
 
 def test_flops(lesson):
     ns = lesson.ns
-    B, D, H, C, W = ns["B"], ns["D"], ns["H"], ns["C"], ns["W"]
+    B, D, H, W = ns["B"], ns["D"], ns["H"], ns["W"]
     with FlopCounterMode(display=False) as fc:
         ns["mlp_step"]()
     total = fc.get_total_flops()
@@ -561,7 +561,9 @@ def test_gpu_copies_are_explicit(device):
     assert xd is not x and xd.device.type == device and xd.to(device) is xd
     assert torch.equal(xd.cpu(), x)
     # the lesson quotes CUDA's wording
-    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device" if device == "cuda" else "device"):
+    with pytest.raises(
+        RuntimeError, match="Expected all tensors to be on the same device" if device == "cuda" else "device"
+    ):
         xd + x  # a CPU tensor with elements next to a GPU tensor: never moved for you
     if device == "cuda":  # a 0-d CPU tensor acts as a number next to a CUDA tensor
         assert (xd + torch.tensor(1.0)).device.type == device

@@ -325,7 +325,9 @@ def test_document_causal_mask(exercise_module, doc_lens):
     got = create_mask(mask_mod, None, None, n, n, device="cpu")[0, 0]
     assert got.dtype == torch.bool
     assert torch.equal(got, brute_document_causal(doc_lens)), got.int()
-    as_tensor = create_mask(exercise_module.document_causal_mask(torch.tensor(doc_lens)), None, None, n, n, device="cpu")
+    as_tensor = create_mask(
+        exercise_module.document_causal_mask(torch.tensor(doc_lens)), None, None, n, n, device="cpu"
+    )
     assert torch.equal(as_tensor[0, 0], got)
 
 
@@ -534,7 +536,10 @@ def test_padding_mask_and_eval_dropout(lesson):
 
 def test_no_viable_backend_message():
     x = torch.randn(1, 2, 4, 8)
-    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), pytest.raises(RuntimeError, match="turning off both the math kernel and the fused kernels"):
+    with (
+        sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION),
+        pytest.raises(RuntimeError, match="turning off both the math kernel and the fused kernels"),
+    ):
         F.scaled_dot_product_attention(x, x, x)
 
 

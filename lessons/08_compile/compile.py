@@ -567,7 +567,7 @@ def gelu_chain(x):
 # Importing Inductor in 2.13.0 raises DeprecationWarnings inside PyTorch itself (a module it
 # imports still uses `torch.jit.script_method`); Python hides them by default, and the
 # course's warning gate lists them as PyTorch's own in lessons/course.toml.
-import torch._inductor.compile_fx  # noqa: F401, E402
+import torch._inductor.compile_fx  # noqa: E402
 from torch._inductor.cpu_vec_isa import pick_vec_isa  # noqa: E402
 from torch._inductor.utils import run_and_get_code  # noqa: E402
 

@@ -12,12 +12,10 @@ import inspect
 import os
 import mmap
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest

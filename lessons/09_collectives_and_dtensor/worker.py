@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.debug import CommDebugMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lessons/: the course's kit
-from multirank import MARK, heading, say, serve, shared  # noqa: E402
+from multirank import MARK, heading, say, serve, shared
 
 SHORT = datetime.timedelta(seconds=3)  # the mismatch demos' groups
 

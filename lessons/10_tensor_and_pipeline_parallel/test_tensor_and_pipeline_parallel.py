@@ -160,7 +160,9 @@ def test_unequal_micro_batches_fail_cleanly(lesson):
     assert r0[0] == "rank 0: batch 10 into 4 micro-batches: torch.tensor_split sizes [3, 3, 2, 2]"
     assert r0[1].startswith("rank 0: ran F0 F1 F2 F3, then raised RuntimeError after ")
     assert r1[0].startswith("rank 1: ran F0 F1 F2, then raised RuntimeError after ")
-    assert r1[1] == "rank 1:   The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 0"
+    assert r1[1] == (
+        "rank 1:   The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 0"
+    )
     waited = float(r0[1].split("after ")[1].split(" s")[0])
     # the stages' group timeout, 3 s: not the default group's 60 s (nor gloo's 30 minutes)
     assert 2.5 <= waited < 30, waited

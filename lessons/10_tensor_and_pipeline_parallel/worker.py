@@ -40,7 +40,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lessons/: the course's kit
-from multirank import heading, say, serve, shared  # noqa: E402
+from multirank import heading, say, serve, shared
 
 SHORT = datetime.timedelta(seconds=3)  # the unequal micro-batch demo's group
 BATCH, MICRO = 8, 4  # pipeline: 8 samples in 4 micro-batches of 2
@@ -107,7 +107,10 @@ def show_shapes(ref, tp):
     r = dist.get_rank()
     rows = torch.equal(tp.up.weight.to_local(), ref.up.weight[4 * r : 4 * r + 4])
     cols = torch.equal(tp.down.weight.to_local(), ref.down.weight[:, 4 * r : 4 * r + 4])
-    say(f"up.weight local == full rows {4 * r}:{4 * r + 4}: {rows}; down.weight local == full columns {4 * r}:{4 * r + 4}: {cols}")
+    say(
+        f"up.weight local == full rows {4 * r}:{4 * r + 4}: {rows}; "
+        f"down.weight local == full columns {4 * r}:{4 * r + 4}: {cols}"
+    )
 
 
 def tp_step(model, x, y):

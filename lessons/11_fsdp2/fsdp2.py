@@ -572,7 +572,7 @@ KIB = 1024  # the comparisons' tolerance: bookkeeping, and a free the profiler m
 def memory_rows(run):
     """{rank: {"DDP": (params, grads, AdamW, steady, peak), "FSDP2": (...)}} in bytes."""
     rows = {}
-    for rank, lines in section(run, "memory").items():
+    for lines in section(run, "memory").values():
         for m in filter(None, map(MEMORY.fullmatch, lines)):
             rows.setdefault(int(m[1]), {})[m[2]] = tuple(int(v) for v in m.groups()[2:])
     return rows
@@ -581,7 +581,7 @@ def memory_rows(run):
 def measured_rows(run):
     """{rank: {"DDP" | "DDP-view" | "FSDP2": (live after step, peak)}} from the allocator."""
     rows = {}
-    for rank, lines in section(run, "memory").items():
+    for lines in section(run, "memory").values():
         for m in filter(None, map(MEASURED.fullmatch, lines)):
             rows.setdefault(int(m[1]), {})[m[2]] = (int(m[3]), int(m[4]))
     return rows

@@ -81,7 +81,8 @@ def test_step_equals_one_process(lesson):
 def test_hooks_live_on_call(lesson):
     got = lines(lesson, "hooks")
     assert "got mixed torch.Tensor and DTensor" in the(got, "rank 0: model.forward(x) on a fresh model: RuntimeError")
-    assert the(got, "rank 0: unshard() + forward() on a never-called").endswith("root DTensor params with a grad 0 of 5")
+    never_called = the(got, "rank 0: unshard() + forward() on a never-called")
+    assert never_called.endswith("root DTensor params with a grad 0 of 5")
     assert number(the(got, "rank 0: trap: the blocks' grads"), "max gap ") < 1e-15
     for rank in (0, 1):  # the root's grads stayed on the gathered copy, never averaged
         trap = the(lines(lesson, "hooks", rank), f"rank {rank}: trap: head.weight")
@@ -93,7 +94,9 @@ def test_hooks_live_on_call(lesson):
     assert enc.endswith("encode(x) -> Tensor [4, 8, 32], equal to one process: True"), enc
 
 
-BYTES = re.compile(r"rank 0: reshard_after_forward=(\w+): parameter bytes between forward and backward (\d+), peak (\d+)")
+BYTES = re.compile(
+    r"rank 0: reshard_after_forward=(\w+): parameter bytes between forward and backward (\d+), peak (\d+)"
+)
 
 
 def reshard_bytes(lesson):

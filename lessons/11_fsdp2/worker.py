@@ -44,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lessons/: the course's kit
-from multirank import heading, say, serve, shared  # noqa: E402
+from multirank import heading, say, serve, shared
 
 V, D, T, B = 64, 32, 8, 4  # vocabulary, width, tokens per sequence, sequences per rank
 NAMES = ("embed", "blocks.0", "blocks.1", "head")  # the modules we watch
@@ -239,7 +239,8 @@ def show_ddp_knobs(device):
                f"reducer's unused_parameter_size {unused} bytes")
         shared(f"  iteration 1 all-reduced: {', '.join(sent)}; the model has {tensors} parameter tensors")
     nodes = graph_nodes(make_model(torch.float32, device)(mine[:, :-1]))
-    shared(f"find_unused_parameters=True: the graph walked from the logits after each forward has {nodes} autograd nodes")
+    shared(f"find_unused_parameters=True: the graph walked from the logits after each forward has "
+           f"{nodes} autograd nodes")
     exact, full = compressed_grads(device, mine)
     half, small = compressed_grads(device, mine, default_hooks.fp16_compress_hook)
     rel = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(half, exact))
@@ -320,7 +321,7 @@ def show_hooks(mesh, device):
     try:
         model.forward(mine[:, :-1])
         shared("model.forward(x) on a fresh model: no error")
-    except Exception as err:  # the root's params are still DTensor shards
+    except Exception as err:  # noqa: BLE001 - we print which error: the root's params are still DTensor shards
         shared(f"model.forward(x) on a fresh model: {type(err).__name__}: {str(err).splitlines()[0]}")
     loss_fn(model, mine).backward()
     shared(f"model(x) through __call__: root params with a grad {root_grads(model, ref)}")
@@ -456,14 +457,17 @@ def int4_part(device):
     mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
     _, mine = batch(device)
     model = shard(make_model(torch.float32, device), mesh=mesh, reshard_after_forward=2)
-    for label in ("at rest", "between forward and backward", "after backward"):
-        if label == "after backward":
-            loss.backward()
+
+    def report(label):
         n, kind = held(model)
         shared(f"reshard_after_forward=2 on {dist.get_world_size()} ranks, {label}: "
                f"holds {n} elements; head.weight {kind}")
-        if label == "at rest":
-            loss = loss_fn(model, mine)
+
+    report("at rest")
+    loss = loss_fn(model, mine)
+    report("between forward and backward")
+    loss.backward()
+    report("after backward")
     return 0
 
 
@@ -564,7 +568,8 @@ def show_no_sync(mesh, device):
     loss_fn(model, mine[: B // 2]).backward()
     model.set_requires_gradient_sync(True)  # micro-batch 2: reduce-scatter the accumulated sum
     loss_fn(model, mine[B // 2:]).backward()
-    shared(f"set_requires_gradient_sync(False) accumulation vs manual: max grad gap {below(grad_gap(model, ref), 1e-15)}")
+    shared(f"set_requires_gradient_sync(False) accumulation vs manual: max grad gap "
+           f"{below(grad_gap(model, ref), 1e-15)}")
 
 
 def show_offload(mesh, device):
@@ -576,11 +581,12 @@ def show_offload(mesh, device):
                   offload_policy=CPUOffloadPolicy(pin_memory=False))
     adamw_step(model, mine)
     w = model.head.weight.to_local()
-    shared(f"CPUOffloadPolicy(pin_memory=False): shards on {w.device.type}, step gap {below(max_gap(model, ref), 1e-12)}")
+    shared(f"CPUOffloadPolicy(pin_memory=False): shards on {w.device.type}, "
+           f"step gap {below(max_gap(model, ref), 1e-12)}")
     try:
         shard(make_model(torch.float64, device), mesh=mesh, offload_policy=CPUOffloadPolicy())
         shared("CPUOffloadPolicy() (pin_memory=True): no error")
-    except Exception as err:  # the message depends on the build of torch: the failing call does not
+    except Exception as err:  # noqa: BLE001 - the error depends on the build of torch: the failing call does not
         where = traceback.extract_tb(err.__traceback__)[-1].line
         shared(f"CPUOffloadPolicy() (pin_memory=True): {type(err).__name__} raised by `{where}`")
         shared(f"an accelerator to pin memory for: {torch.accelerator.is_available()}")

@@ -51,7 +51,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
@@ -246,9 +245,9 @@ runs |= {k: resume(k) for k in ("weights only", "all but RNG", "full state")}
 saved = dcp.FileSystemReader(TMP / "full6").read_metadata().state_dict_metadata
 print(f"the full checkpoint holds app.{sorted({k.split('.')[1] for k in saved})}")
 print(f"step 1 of the run used batch {log[0]['batch']}")
-for name, (t, steps) in runs.items():
+for name, (_, steps) in runs.items():
     print(f"{name:13} step 7: batch {steps[0]['batch']} loss {steps[0]['loss']:.6f}")
-for name, (t, steps) in runs.items():
+for name, (_, steps) in runs.items():
     lrs = " ".join(f"{s['lr']:.4f}" for s in steps)
     print(f"{name:13} lr at steps 7-12: {lrs}")
 for name, (t, steps) in runs.items():

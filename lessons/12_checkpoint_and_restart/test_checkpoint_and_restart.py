@@ -88,7 +88,7 @@ def test_reshard_launch_and_two_rank_reload(lesson):
     ns = lesson.ns
     run, section = ns["run"], ns["section"]
     assert run.ok and run.attempts == [0] and sorted(run.out) == [0, 1], run.describe()
-    for rank, err in run.err.items():
+    for err in run.err.values():
         assert "Traceback" not in err and "Warning" not in err, err
     reload = section(run, "reload")[0]
     assert reload[0].endswith("equal True"), reload
@@ -335,7 +335,11 @@ def test_replay_window(exercise_module):
 
 @pytest.mark.exercise("safetensors_header")
 def test_safetensors_header(exercise_module, tmp_path):
-    tensors = {"w": torch.zeros(3, 2, dtype=torch.float16), "b": torch.ones(5, dtype=torch.int64), "s": torch.tensor(1.0)}
+    tensors = {
+        "w": torch.zeros(3, 2, dtype=torch.float16),
+        "b": torch.ones(5, dtype=torch.int64),
+        "s": torch.tensor(1.0),
+    }
     save_file(tensors, tmp_path / "t.safetensors", metadata={"format": "pt"})  # a __metadata__ entry
     got = exercise_module.safetensors_header(tmp_path / "t.safetensors")
     assert got == {"b": ("I64", (5,), (0, 40)), "s": ("F32", (), (40, 44)), "w": ("F16", (3, 2), (44, 56))}

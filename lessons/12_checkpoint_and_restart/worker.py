@@ -63,7 +63,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lessons/: the course's kit
-from multirank import GROUP_TIMEOUT_S, heading, say, section, serve, shared  # noqa: E402
+from multirank import GROUP_TIMEOUT_S, heading, say, section, serve, shared
 
 STEPS, EVERY = 12, 3  # the drill: 12 steps, a checkpoint after 3, 6, 9, 12
 BATCH, ROWS = 8, 48  # global batch (4 rows per rank); the drill's data set: 6 batches an epoch

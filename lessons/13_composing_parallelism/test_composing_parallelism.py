@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from scripts.multirank import launch, section
 from scripts.pytest_course import import_file
@@ -197,7 +196,8 @@ def test_partial_gradients(lesson):
     # AdamW reads each Partial gradient three times: lerp_ (first moment), addcmul_(g, g) (second)
     assert (f"Partial gradients, TP+SP and AdamW: {n} after backward; all-reduces in the optimizer step "
             f"{3 * n}: addcmul_ {2 * n}, lerp_ {n}") in got
-    assert f"Partial gradients, TP+SP and SGD: {n} after backward; all-reduces in the optimizer step {n}: add_ {n}" in got
+    assert (f"Partial gradients, TP+SP and SGD: {n} after backward; all-reduces in the optimizer step "
+            f"{n}: add_ {n}") in got
     assert f", {n} all-reduce, " in the(got, "2-D    backward ")  # with FSDP: once each, in backward
     assert "2-D    optimizer none" in got
 
@@ -304,8 +304,10 @@ def test_clip(lesson):
     assert "a DTensor (Replicate(), Replicate())" in got[0]
     found = gaps(got[:2])
     assert len(found) == 2 and all(g < 1e-12 for g, _ in found)
-    assert got[2] == (f"collectives in clip_grad_norm_: all-reduce of {N_PARAMS} over [0, 2] (from linalg_vector_norm), "
-                      f"all-reduce of {N_PARAMS} over [0, 1] (from linalg_vector_norm)")  # one norm per gradient
+    assert got[2] == (
+        f"collectives in clip_grad_norm_: all-reduce of {N_PARAMS} over [0, 2] (from linalg_vector_norm), "
+        f"all-reduce of {N_PARAMS} over [0, 1] (from linalg_vector_norm)"
+    )  # one norm per gradient
     err = lesson.ns["run"].err[0]
     assert "2 sequential all_reduce operations will be performed" in err  # DTensor's warning, in the log
 

@@ -88,7 +88,7 @@ def test_stage1_learns_the_held_out_set(lesson):
 
 def test_stage2_compile_within_tolerance(lesson):
     ns = lesson.ns
-    comp, eager = ns["comp"], ns["eager"]
+    comp = ns["comp"]
     assert len(comp["loss"]) == ns["SHORT"] == 40
     assert 0 < ns["gap_compiled"] < 1e-4  # rounding, not equality
     assert comp["seconds"][0] > 5 * statistics.median(comp["seconds"][5:])  # the compile

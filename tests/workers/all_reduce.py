@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lessons"))  # the course's kit
-from multirank import say, serve  # noqa: E402
+from multirank import say, serve
 
 
 def all_reduce(device, fail=False):
