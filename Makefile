@@ -38,18 +38,21 @@ install: $(STAMP)
 	@$(PY) scripts/deps.py --verify dev || { \
 		echo "Reinstalling the pinned packages into $(VENV): this may take a few minutes"; \
 		$(PIP_INSTALL) && $(PY) scripts/deps.py --verify dev; }
+	@$(PY) scripts/deps.py --site
 
 # venv + pip, not uv or poetry: `pip install torch==2.13.0` takes the CPU wheel, where the
-# others would download a multi-GB CUDA build. The .pth file puts the repository root on the
-# venv's path so that `scripts` imports from anywhere (pytest's plugin, the notebook tools).
-# Python < 3.11 is refused before anything is created.
+# others would download a multi-GB CUDA build. `deps.py --site` (run by `install` every time)
+# writes the venv's course-root.pth: the repository root on the venv's path, so that
+# `scripts` imports from anywhere (pytest's plugin, the notebook tools), and scripts/quiet.py
+# run at start-up, which keeps PyTorch's diagnostic lines (libkineto's `USDT: profiler_start`,
+# the CUDA build's no-GPU lines) out of every lesson run. Python < 3.11 is refused before
+# anything is created.
 $(STAMP): pyproject.toml scripts/deps.py
 	@$(PYTHON) scripts/deps.py --check-python $(VENV)
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) scripts/deps.py --announce $(VENV) dev
 	@$(PIP_INSTALL)
-	@$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" | \
-		xargs -I{} sh -c 'echo "$(CURDIR)" > "{}/course-root.pth"'
+	@$(PY) scripts/deps.py --site
 	@touch $(STAMP)
 	@echo "Installed: $(VENV) holds the course's pinned packages."
 

@@ -12,6 +12,11 @@ Two ways to run a lesson, both checked against the same blocks:
 - ``run_notebook``: the notebook generated from the script, top to bottom in a fresh
   ``python3`` kernel (nbclient), with the lesson folder as working directory.
 
+Either run also fails on PyTorch's own diagnostic lines that scripts/quiet.py keeps out of a
+student's view (libkineto's ``USDT: ... profiler_start``, the CUDA build's no-GPU lines):
+in the notebook's stderr, on the script's file descriptor 2 and torch's log records, and in
+the stderr of every rank of a multi-rank launch the script keeps (the kit's ``Run``).
+
 Command line: ``python -m scripts.checker lessons/01_tensor_views/tensor_views.py [--notebook]``.
 """
 
@@ -21,14 +26,18 @@ import argparse
 import contextlib
 import difflib
 import io
+import logging
 import os
 import re
 import sys
+import tempfile
 import traceback
 import types
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from scripts import quiet
 
 ROOT = Path(__file__).resolve().parents[1]
 PLACEHOLDER = re.compile(r"«([^»]*)»")
@@ -51,6 +60,7 @@ PLACEHOLDERS = {
 }
 GATED_WARNINGS = (DeprecationWarning, FutureWarning)
 DIFFERS = "printed output differs from its documented block"
+NOISE = "printed PyTorch's diagnostic lines that scripts/quiet.py keeps out of a student's view"
 
 
 class LessonError(AssertionError):
@@ -346,7 +356,8 @@ def run_script(script: Path) -> LessonRun:
     module = types.ModuleType("__main__")
     module.__file__ = str(script)
     run.ns = module.__dict__  # the script's globals, kept after the run for the tests
-    with as_main(script, module), warnings.catch_warnings(record=True) as caught:
+    with (as_main(script, module), warnings.catch_warnings(record=True) as caught,
+          stderr_noise() as noise):
         warnings.simplefilter("always")
         for cell in run.cells:
             if cell.kind != "code":
@@ -365,7 +376,66 @@ def run_script(script: Path) -> LessonRun:
         for w in caught
         if issubclass(w.category, GATED_WARNINGS)
     ]
+    noise += launch_noise(run.ns)
+    if noise:
+        run.errors.append(noise_problem(lesson_name(script), noise))
     return run
+
+
+def noise_problem(where: str, lines: list[str]) -> str:
+    shown = "\n".join(f"  {line}" for line in lines[:5])
+    more = f"\n  ... and {len(lines) - 5} more" if len(lines) > 5 else ""
+    return f"{where} {NOISE} ({len(lines)} lines):\n{shown}{more}"
+
+
+class _TorchRecords(logging.Handler):
+    """The messages of every log record that reaches the ``torch`` logger."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def stderr_noise():
+    """Yield a list that, at exit, holds the noise lines written meanwhile to file descriptor
+    2 (C++ libraries such as libkineto write there, past ``sys.stderr``) or logged by torch.
+    What reached file descriptor 2 is passed on to it afterwards, so nothing is lost."""
+    found: list[str] = []
+    records = _TorchRecords()
+    torch_logger = logging.getLogger("torch")
+    torch_logger.addHandler(records)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield found
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            torch_logger.removeHandler(records)
+            tmp.seek(0)
+            data = tmp.read()
+            if data:
+                os.write(2, data)
+            found += quiet.noise_lines(data.decode(errors="replace"))
+            found += [m for m in records.messages if quiet.is_noise(m)]
+
+
+def launch_noise(ns: dict) -> list[str]:
+    """Noise in what the ranks and agents of each multi-rank launch the script kept printed
+    (every ``Run`` of the kit, lessons/multirank.py, among the script's globals)."""
+    found = []
+    for value in list(ns.values()):
+        if type(value).__name__ == "Run" and isinstance(getattr(value, "logs", None), dict):
+            texts = [err for _, err in value.logs.values()] + [getattr(value, "agent", "")]
+            found += [line for text in texts for line in quiet.noise_lines(text or "")]
+    return found
 
 
 GATED_IN_STDERR = re.compile(r"\b(DeprecationWarning|FutureWarning): .*")
@@ -391,12 +461,19 @@ def run_notebook(notebook: Path, cell_timeout: int = 300) -> LessonRun:
         nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
         resources={"metadata": {"path": str(notebook.parent)}},
     )
-    client.execute()
+    # The kernel starts without pytest's marker: with it, ipykernel would not forward what
+    # C++ code writes to file descriptors 1 and 2 into the cells, as it does for a student.
+    client.execute(env={k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"})
+    noise = []
     for number, cell in enumerate(nb.cells, start=1):
         if cell.cell_type == "code":
             run.printed[number] = ""
         for out in cell.get("outputs", []):
             collect_output(run, number, out)
+            if out["output_type"] == "stream" and out["name"] == "stderr":
+                noise += [f"cell {number}: {line}" for line in quiet.noise_lines(out["text"])]
+    if noise:
+        run.errors.append(noise_problem(lesson_name(notebook), noise))
     return run
 
 

@@ -4,6 +4,7 @@
     python scripts/deps.py --check-python [VENV]  # refuse Python < 3.11, here and in VENV
     python scripts/deps.py --announce VENV dev    # say what is about to be installed
     python scripts/deps.py --verify dev           # exit 1 naming each package off its pin
+    python scripts/deps.py --site                 # (in the venv) write its course-root.pth
 
 The Makefile feeds the pins to pip. We do not `pip install .` because the course is not a
 package: this keeps setup to `python3 -m venv` + `pip install <pins>`, nothing else.
@@ -71,6 +72,27 @@ def pin_problems(extras: "list[str]") -> "list[str]":
     return problems
 
 
+PTH_NAME = "course-root.pth"
+
+
+def pth_text(root: Path = ROOT) -> str:
+    """The venv's course-root.pth: the repository root on the path (so that `scripts`
+    imports from anywhere: pytest's plugin, the notebook tools), then a line Python runs at
+    start-up that keeps PyTorch's diagnostic noise out of every run (scripts/quiet.py)."""
+    quiet = root / "scripts" / "quiet.py"
+    return f"{root}\nimport runpy; runpy.run_path({str(quiet)!r})['install']()\n"
+
+
+def write_site(root: Path = ROOT) -> Path:
+    """Write course-root.pth into the running Python's site-packages (the venv's)."""
+    import sysconfig
+
+    path = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
+    if not path.exists() or path.read_text() != pth_text(root):
+        path.write_text(pth_text(root))
+    return path
+
+
 def announcement(venv: str, extras: "list[str]") -> str:
     reqs = requirements(extras)
     return (f"Installing {len(reqs)} pinned packages into {venv}: {' '.join(reqs)}\n"
@@ -89,6 +111,9 @@ def main(argv: "list[str]") -> int:
         return 0
     if argv[:1] == ["--announce"]:
         print(announcement(argv[1], argv[2:]), flush=True)
+        return 0
+    if argv[:1] == ["--site"]:
+        write_site()
         return 0
     if argv[:1] == ["--verify"]:
         problems = pin_problems(argv[1:])

@@ -48,6 +48,7 @@ def build_venv(torch: str) -> Path:
     venv = BUILD / f"venv-torch-{torch}"
     python, stamp = venv / "bin" / "python", venv / ".installed"
     if stamp.exists():
+        site(python)
         return python
     pins = candidate_pins(torch)
     print(f"Building {venv.relative_to(ROOT)} with {' '.join(pins)}\n"
@@ -56,8 +57,15 @@ def build_venv(torch: str) -> Path:
     quiet = [] if sys.stdout.isatty() else ["--quiet"]
     subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", *quiet, *pins],
                    check=True)
+    site(python)
     stamp.touch()
     return python
+
+
+def site(python: Path) -> None:
+    """Give the candidate venv the course venv's course-root.pth (scripts/deps.py --site): the
+    repository on its path, and PyTorch's diagnostic noise kept out of its runs as in .venv."""
+    subprocess.run([str(python), str(ROOT / "scripts" / "deps.py"), "--site"], check=True)
 
 
 def torch_version(python: Path) -> str:

@@ -31,7 +31,10 @@
 # 4 measures it on yours. Where the CPU has no 16-bit matrix instructions it can be tens of
 # times slower than float32, so every low-precision matmul here is tiny on purpose. Each
 # printing cell is followed by an *Output* block: what it printed with the pinned PyTorch
-# (2.13.0), checked by `make test`.
+# (2.13.0), checked by `make test`. Run outside the course's venv, a lesson may also print
+# PyTorch's own diagnostic lines to stderr (`USDT: ... profiler_start` from the profiler; on
+# a CUDA build without a GPU, `gpuGetDeviceCount failed` or `No CUDA runtime is found`):
+# they are harmless, and the venv that `make lessons` sets up turns them off.
 
 # %%
 import csv

@@ -33,7 +33,10 @@
 # on the CPU, within the lesson's budget of 30 seconds on a shared 2-core machine. Timings
 # change from run to run: the *Output* blocks write them as placeholders such as `«time»`
 # and `«rate»`, and `make test` checks everything else. The GPU measurements run with
-# `make test-gpu` on a machine that has one.
+# `make test-gpu` on a machine that has one. Run outside the course's venv, a lesson may
+# also print PyTorch's own diagnostic lines to stderr (`USDT: ... profiler_start` from the
+# profiler; on a CUDA build without a GPU, `gpuGetDeviceCount failed` or `No CUDA runtime is
+# found`): they are harmless, and the venv that `make lessons` sets up turns them off.
 
 # %%
 import json

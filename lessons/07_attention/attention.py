@@ -33,7 +33,10 @@
 # Intel Macs, Arm Linux), that cell prints PyTorch's reason and skips. Each printing cell
 # is followed by an *Output* block: what it printed with the pinned PyTorch (2.13.0),
 # checked by `make test`; parts that depend on the machine appear there as `«time»` or
-# `«number»`.
+# `«number»`. Run outside the course's venv, a lesson may also print PyTorch's own
+# diagnostic lines to stderr (`USDT: ... profiler_start` from the profiler; on a CUDA build
+# without a GPU, `gpuGetDeviceCount failed` or `No CUDA runtime is found`): they are
+# harmless, and the venv that `make lessons` sets up turns them off.
 
 # %%
 import contextlib

@@ -45,7 +45,11 @@
 # the pinned PyTorch (2.13.0), checked by `make test`. Timings, rates and anything else
 # that depends on the machine appear there as `«time»`, `«rate»`, `«ratio»`, `«number»`.
 # The lesson also runs under the logging it recommends below, e.g.
-# `TORCH_LOGS=output_code python lessons/08_compile/compile.py`.
+# `TORCH_LOGS=output_code python lessons/08_compile/compile.py`. Run outside the course's
+# venv, a lesson may also print PyTorch's own diagnostic lines to stderr (`USDT: ...
+# profiler_start` from the profiler; on a CUDA build without a GPU, `gpuGetDeviceCount
+# failed` or `No CUDA runtime is found`): they are harmless, and the venv that `make
+# lessons` sets up turns them off.
 #
 # Several tools here are private (`torch._dynamo`, `torch._functorch.config`,
 # `torch._inductor`): PyTorch's compile troubleshooting guides use

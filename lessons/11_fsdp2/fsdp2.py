@@ -38,7 +38,11 @@
 # `--backend nccl` on a machine with 2 GPUs; `pinned` instead of `main` shows a launch that
 # fails cleanly; `--nproc-per-node=4 ... worker.py int4` is section 5's part on 4 real
 # ranks). Each printing cell is followed by an *Output* block: what it printed with
-# the pinned PyTorch (2.13.0), checked by `make test`.
+# the pinned PyTorch (2.13.0), checked by `make test`. Run outside the course's venv, a
+# lesson may also print PyTorch's own diagnostic lines to stderr (`USDT: ... profiler_start`
+# from the profiler; on a CUDA build without a GPU, `gpuGetDeviceCount failed` or `No CUDA
+# runtime is found`): they are harmless, and the venv that `make lessons` sets up turns them
+# off.
 
 # %%
 import contextlib
