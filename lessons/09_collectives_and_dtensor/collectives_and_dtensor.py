@@ -245,15 +245,12 @@ show(run, "barrier")
 # part normally: no rank tears down while another still talks to it. Then, on every path,
 # `dist.destroy_process_group()`: a rank that just falls off the end of its script can die
 # *after* its work with "terminate called without an active exception" (SIGABRT), because a
-# gloo thread still frees a finished collective while Python shuts down (40 of 160 launches
-# when measured; with `destroy_process_group()`, 0 of 640). After a *failure* the barrier
+# gloo thread still frees a finished collective while Python shuts down (how often, and why,
+# is measured in `tests/workers/all_reduce.py`). After a *failure* the barrier
 # is skipped: the other rank is still at work, its next collective would be matched with
 # this barrier, and both would wait out the group's timeout before failing. Last, the rank
-# flushes its output and leaves with `os._exit(code)`, skipping Python's own shutdown. That
-# one is a precaution, not a measured fix: after this lesson's DTensor part one launch in 20
-# aborted at exit with `destroy_process_group()` alone and none in 20 with `os._exit`, a
-# difference 20 launches cannot show. `make soak` counts aborts over 30 launches of the
-# kit's teardown (`lessons/AUTHORING.md` has the latest count).
+# flushes its output and leaves with `os._exit(code)`, skipping Python's own shutdown: a
+# precaution rather than a measured fix (the same file says why).
 
 # %% [markdown]
 # ## 3. DeviceMesh and DTensor placements

@@ -6,9 +6,25 @@
 
 `all_reduce` ends through the kit's teardown (lessons/multirank.py): a barrier only when the
 part returned normally, then always destroy_process_group(), then os._exit. `plain` falls
-off the end of the script instead: a rank may then die *after* its work with "terminate
-called without an active exception" (SIGABRT): in 40 of 160 launches when measured, where
-every variant that called destroy_process_group() passed 640 of 640.
+off the end of the script instead. This docstring is the one home of the teardown's measured
+history (lessons/AUTHORING.md and lesson 09 link here); `python -m scripts.soak` reproduces
+each count (`--plain`, `--fail`, default), nothing retried.
+
+What was measured:
+- `plain`: a rank may die *after* its work with "terminate called without an active
+  exception" (SIGABRT): 40 of 160 launches when first measured, 14 of 30 when measured again
+  with the 2 cores loaded by other jobs (`--plain --load`). Every variant that called
+  destroy_process_group() passed: 0 aborts in 640 launches.
+- `all_reduce --fail` (rank 1 raises while rank 0 waits in an all-reduce; no barrier on the
+  failure path): 30 of 30 launches ended with exit code 1 and no abort, in 5.0 to 12.4 s
+  against the group's 60 s timeout. With a barrier on that path every rank waited out the
+  group's timeout (30 to 45 s when the lesson workers did it).
+- os._exit is a precaution, not a measured fix: after lesson 09's DTensor part one launch in
+  20 aborted at exit with destroy_process_group() alone and none in 20 with os._exit, which
+  20 launches cannot tell apart.
+- The whole teardown, `make soak` (30 launches of `all_reduce`, the 2 cores loaded by other
+  jobs, load average about 8): 0 aborts, launches of 4.6 to 13.6 s. Run it again after
+  touching the teardown; never hide such failures with retries.
 
 Why (from core dumps of the aborted ranks): a gloo worker thread frees the finished
 all_reduce's work object *after* the main thread has seen the result and moved on. Freeing
