@@ -13,6 +13,7 @@
 #   make test-portable  the documented outputs under simulated AVX2 / no-vector CPUs
 #   make test-pythons   the suite on Python 3.12 and 3.13 too (venvs under build/)
 #   make soak           30 consecutive 2-rank launches: the teardown must never abort
+#   make soak-suite     the whole suite RUNS=10 times over .venv and PYTHONS: names every failure
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -30,7 +31,7 @@ PIP_INSTALL = $(PY) -m pip install --disable-pip-version-check $$(test -t 1 || e
 PYTEST := $(PY) -m pytest -n 2 --dist loadfile
 
 .PHONY: install lessons lesson test test-slow test-gpu exercises outputs notebooks readme reading drift \
-	soak clean clean-venv test-portable test-pythons
+	soak soak-suite clean clean-venv test-portable test-pythons
 
 # The stamp says the venv was made; the pins are re-checked on every `make install` (and so
 # before every target that needs it): another torch in the venv is reinstalled at its pin.
@@ -62,8 +63,11 @@ lessons: install
 lesson: install
 	@$(PY) -m scripts.run_lessons --show "$(N)"
 
+# PYTEST_MARKERS: which tests `make test` runs (the CI workflow leaves out "mps" on hosted
+# macOS runners, which report MPS but fail on it).
+PYTEST_MARKERS ?= not slow
 test: install
-	$(PYTEST) -m "not slow"
+	$(PYTEST) -m "$(PYTEST_MARKERS)"
 
 test-slow: install
 	$(PYTEST) -m slow
@@ -120,6 +124,16 @@ test-pythons:
 
 soak: install
 	$(PY) -m scripts.soak --runs 30
+
+# The whole `make test` suite RUNS times, round-robin over .venv and one venv per PYTHONS
+# (as test-pythons makes them); prints every test that failed even once (build/soak-suite/).
+RUNS ?= 10
+soak-suite: install
+	@set -e; venvs="--venv $(VENV)"; for py in $(PYTHONS); do \
+		v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+		$(MAKE) --no-print-directory install PYTHON=$$py VENV=build/venv-$$v; \
+		venvs="$$venvs --venv build/venv-$$v"; \
+	done; $(PY) -m scripts.soak_suite --runs $(RUNS) $$venvs
 
 clean:
 	rm -rf build .pytest_cache

@@ -655,11 +655,12 @@ for name in ("bfloat16", "float16", "bf16 via fp32"):
 # ```
 #
 # The ratios are your CPU's (times vary a little from run to run; the ratios' order of
-# magnitude does not). A bfloat16 ratio near or below 1 means the CPU multiplies bfloat16
-# in hardware: AVX-512 BF16 or AMX instructions, which oneDNN (PyTorch's CPU library for
-# such kernels) uses when they are there. A ratio of tens means it has none, and the
-# product runs in a generic loop, not in a tuned kernel: converting both bfloat16 inputs to
-# float32 and multiplying there (the last line) costs little more than float32 itself.
+# magnitude does not). A bfloat16 ratio of a few at most (from below 1 to about 3 at this
+# small size) means the CPU multiplies bfloat16 in hardware: AVX-512 BF16 or AMX
+# instructions, which oneDNN (PyTorch's CPU library for such kernels) uses when they are
+# there. A ratio of tens means it has none, and the product runs in a generic loop, not in
+# a tuned kernel: converting both bfloat16 inputs to float32 and multiplying there (the
+# last line) costs little more than float32 itself.
 # float16 is slower than
 # float32 on most CPUs: only recent server CPUs (AMX-FP16, AVX512-FP16) multiply it
 # natively. The tests check these directions against the flags your CPU reports. On GPUs

@@ -194,7 +194,9 @@ def test_16bit_matmul_cost(lesson):
     # the direction the prose describes, from what the CPU and PyTorch report
     cap, bf16 = torch.backends.cpu.get_cpu_capability(), t["bfloat16"] / t["float32"]
     if cap == "AVX512" and torch.cpu._is_avx512_bf16_supported():
-        assert bf16 < 2, bf16  # bf16 in hardware: about as fast as fp32, or faster
+        # bf16 in hardware: a few times fp32 at most at 128x128 (measured: below 2 on an AMD
+        # EPYC, 2.3 to 3.2 on an Intel Xeon, both with AVX-512 BF16; tens without)
+        assert bf16 < 4, bf16
     elif not torch.cpu._is_avx512_bf16_supported() and not torch.cpu._is_amx_tile_supported():
         assert bf16 > 2, bf16  # emulated
     native_fp16 = torch.cpu._is_amx_fp16_supported() or "avx512_fp16" in cpu_flags()

@@ -256,12 +256,17 @@ def test_safetensors_metadata_is_strings_only(tmp_path):
 
 @pytest.mark.slow  # a fresh interpreter importing torch: seconds
 def test_set_rng_state_of_a_row_view_crashes():
-    """Why worker.Job clones its RNG row: on 2.13.0 a row view (storage offset > 0) crashed."""
+    """Why worker.Job clones its RNG row: on 2.13.0 set_rng_state of a row view (storage
+    offset > 0) does not take the row's state. What happens instead depends on the memory it
+    reads: the process died with SIGSEGV where this test was written (an AMD EPYC), and raised
+    "Invalid mt19937 state" in 4 of 4 runs on an Intel Xeon. Either way the clone works and
+    the view does not."""
     code = ("import torch; s = torch.stack([torch.get_rng_state()] * 2); "
             "torch.set_rng_state(s[1].clone()); print('clone ok', flush=True); "
             "torch.set_rng_state(s[1]); torch.rand(2)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.stdout == "clone ok\n" and done.returncode == -signal.SIGSEGV, done
+    refused = done.returncode == 1 and "RuntimeError: Invalid mt19937 state" in done.stderr
+    assert done.stdout == "clone ok\n" and (done.returncode == -signal.SIGSEGV or refused), done
 
 
 def test_temporary_files_removed(lesson):

@@ -281,7 +281,7 @@ class Job:
                        optim_state_dict=sd["optim"])
         self.sched.load_state_dict(sd["sched"])
         # my row, by my rank *now*; cloned: on 2.13.0 set_rng_state of a row view (storage
-        # offset > 0) crashed the process (SIGSEGV)
+        # offset > 0) crashes the process (SIGSEGV) or raises "Invalid mt19937 state"
         torch.set_rng_state(sd["rng"][dist.get_rank()].clone())
         c = sd["data"]
         self.step, self.epoch, self.used = c["step"], c["epoch"], c["used"]
