@@ -128,12 +128,13 @@ soak: install
 # The whole `make test` suite RUNS times, round-robin over .venv and one venv per PYTHONS
 # (as test-pythons makes them); prints every test that failed even once (build/soak-suite/).
 RUNS ?= 10
+PY_VERSION = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 soak-suite: install
-	@set -e; venvs="--venv $(VENV)"; for py in $(PYTHONS); do \
-		v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
-		$(MAKE) --no-print-directory install PYTHON=$$py VENV=build/venv-$$v; \
-		venvs="$$venvs --venv build/venv-$$v"; \
-	done; $(PY) -m scripts.soak_suite --runs $(RUNS) $$venvs
+	@set -e; for py in $(PYTHONS); do \
+		$(MAKE) --no-print-directory install PYTHON=$$py VENV=build/venv-$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	done
+	$(PY) -m scripts.soak_suite --runs $(RUNS) --markers "$(PYTEST_MARKERS)" --venv $(VENV) \
+		$(foreach py,$(PYTHONS),--venv build/venv-$(call PY_VERSION,$(py)))
 
 clean:
 	rm -rf build .pytest_cache

@@ -31,6 +31,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import traceback
 import types
 import warnings
@@ -385,7 +386,8 @@ def run_script(script: Path) -> LessonRun:
 def noise_problem(where: str, lines: list[str]) -> str:
     shown = "\n".join(f"  {line}" for line in lines[:5])
     more = f"\n  ... and {len(lines) - 5} more" if len(lines) > 5 else ""
-    return f"{where} {NOISE} ({len(lines)} lines):\n{shown}{more}"
+    return (f"{where} {NOISE} ({len(lines)} lines):\n{shown}{more}\n"
+            f"  (this process has {quiet.switches()}: unset both, or run `make install`)")
 
 
 class _TorchRecords(logging.Handler):
@@ -399,11 +401,22 @@ class _TorchRecords(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
 @contextlib.contextmanager
-def stderr_noise():
+def stderr_noise(poll_s: float = 0.1):
     """Yield a list that, at exit, holds the noise lines written meanwhile to file descriptor
     2 (C++ libraries such as libkineto write there, past ``sys.stderr``) or logged by torch.
-    What reached file descriptor 2 is passed on to it afterwards, so nothing is lost."""
+
+    File descriptor 2 points at a temporary file meanwhile, and a thread copies what lands
+    there to the real stderr every ``poll_s`` seconds, so the output still shows as it comes
+    (and survives a crash of the run up to the last copy). A temporary file, not a pipe: a
+    process started meanwhile that outlives the run (Inductor's compile workers) inherits it,
+    and would keep a pipe's reader waiting for ever. What such a process writes after the run
+    is neither shown nor scanned."""
     found: list[str] = []
     records = _TorchRecords()
     torch_logger = logging.getLogger("torch")
@@ -411,29 +424,48 @@ def stderr_noise():
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as tmp:
+        copied, stop = 0, threading.Event()
+
+        def copy_new() -> None:
+            nonlocal copied
+            while chunk := os.pread(tmp.fileno(), 1 << 16, copied):
+                _write_all(saved, chunk)
+                copied += len(chunk)
+
+        def copier() -> None:
+            while not stop.wait(poll_s):
+                copy_new()
+
         os.dup2(tmp.fileno(), 2)
+        thread = threading.Thread(target=copier, name="checker-stderr", daemon=True)
+        thread.start()
         try:
             yield found
         finally:
             sys.stderr.flush()
+            stop.set()
+            thread.join()
             os.dup2(saved, 2)
+            copy_new()
             os.close(saved)
             torch_logger.removeHandler(records)
-            tmp.seek(0)
-            data = tmp.read()
-            if data:
-                os.write(2, data)
-            found += quiet.noise_lines(data.decode(errors="replace"))
-            found += [m for m in records.messages if quiet.is_noise(m)]
+            text = os.pread(tmp.fileno(), copied, 0).decode(errors="replace")
+            found += quiet.noise_lines(text)
+            # a torch record also reaches file descriptor 2 when torch's handler writes there
+            found += [m for m in records.messages if quiet.is_noise(m) and m not in text]
 
 
 def launch_noise(ns: dict) -> list[str]:
     """Noise in what the ranks and agents of each multi-rank launch the script kept printed
-    (every ``Run`` of the kit, lessons/multirank.py, among the script's globals)."""
+    (every ``Run`` of the kit, lessons/multirank.py, among the script's globals; a launch
+    kept in a list or overwritten by a later one under the same name is not seen)."""
+    kit = sys.modules.get("multirank")  # the kit, when the lesson imported it
+    if kit is None:
+        return []
     found = []
     for value in list(ns.values()):
-        if type(value).__name__ == "Run" and isinstance(getattr(value, "logs", None), dict):
-            texts = [err for _, err in value.logs.values()] + [getattr(value, "agent", "")]
+        if isinstance(value, kit.Run):
+            texts = [err for _, err in value.logs.values()] + [value.agent]
             found += [line for text in texts for line in quiet.noise_lines(text or "")]
     return found
 
@@ -470,8 +502,10 @@ def run_notebook(notebook: Path, cell_timeout: int = 300) -> LessonRun:
             run.printed[number] = ""
         for out in cell.get("outputs", []):
             collect_output(run, number, out)
-            if out["output_type"] == "stream" and out["name"] == "stderr":
-                noise += [f"cell {number}: {line}" for line in quiet.noise_lines(out["text"])]
+        # joined first: ipykernel forwards C++ output in chunks that may split a line
+        err = "".join(o["text"] for o in cell.get("outputs", []) if o["output_type"] == "stream"
+                      and o["name"] == "stderr")
+        noise += [f"cell {number}: {line}" for line in quiet.noise_lines(err)]
     if noise:
         run.errors.append(noise_problem(lesson_name(notebook), noise))
     return run

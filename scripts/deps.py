@@ -79,8 +79,12 @@ def pth_text(root: Path = ROOT) -> str:
     """The venv's course-root.pth: the repository root on the path (so that `scripts`
     imports from anywhere: pytest's plugin, the notebook tools), then a line Python runs at
     start-up that keeps PyTorch's diagnostic noise out of every run (scripts/quiet.py)."""
-    quiet = root / "scripts" / "quiet.py"
-    return f"{root}\nimport runpy; runpy.run_path({str(quiet)!r})['install']()\n"
+    quiet = str(root / "scripts" / "quiet.py")
+    # One line, as a .pth needs: nothing is loaded under COURSE_TORCH_NOISE=1, a missing file
+    # (a moved repository, an old checkout) is skipped, and no error of it can break start-up.
+    code = f"try:\n    import runpy; runpy.run_path({quiet!r})['install']()\nexcept Exception:\n    pass"
+    return (f"{root}\nimport os; os.environ.get('COURSE_TORCH_NOISE') == '1' or not "
+            f"os.path.exists({quiet!r}) or exec({code!r})\n")
 
 
 def write_site(root: Path = ROOT) -> Path:

@@ -1,7 +1,8 @@
 """Keep PyTorch's own diagnostic noise out of what a student sees, in every Python of the venv.
 
 `make install` writes a line into the venv's ``course-root.pth`` that runs this file (by its
-path, with ``runpy``, so that the ``scripts`` package is not imported at start-up) and calls
+path, with ``runpy``, so that the ``scripts`` package is not imported at start-up; skipped
+under ``COURSE_TORCH_NOISE=1`` or when the file is gone, and never an error) and calls
 :func:`install`, so a lesson run from a terminal, a notebook kernel, a torchrun agent and its
 ranks, and the course's tools all start quiet. Nothing here is imported by a lesson:
 a lesson may import only the kit and the source map, and a student should not have to read
@@ -15,7 +16,10 @@ What it hides, and why it cannot be switched off one line at a time:
   ``ERROR:... gpuGetDeviceCount failed with code 35``. Its level switch is the environment
   variable ``KINETO_LOG_LEVEL`` (0 verbose, 1 info, 2 warning, 3 stage, 4 error, 5 USDT, read
   when the profiler first starts); USDT is its highest level, so only 6 silences it, and with
-  it libkineto's own warnings and errors. Python-level profiler warnings are not affected.
+  it libkineto's own warnings and errors. On a GPU that includes CUPTI's ("CUPTI
+  initialization failed", insufficient privileges): a profile that shows no CUDA kernels is
+  the sign; rerun with ``COURSE_TORCH_NOISE=1`` to see why (lessons/TROUBLESHOOTING.md).
+  Python-level profiler warnings are not affected.
 - ``torch.utils.cpp_extension`` logs ``No CUDA runtime is found, using CUDA_HOME=...`` when a
   CUDA build that finds a CUDA toolkit on disk runs without a GPU (Inductor imports it, so
   every compiling lesson would show it). A logging filter drops that one record; every other
@@ -46,6 +50,12 @@ def is_noise(line: str) -> bool:
 
 def noise_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if is_noise(line)]
+
+
+def switches() -> str:
+    """This process's settings of the two switches, for a message about noise that got out."""
+    return (f"KINETO_LOG_LEVEL={os.environ.get('KINETO_LOG_LEVEL', '(unset)')}, "
+            f"COURSE_TORCH_NOISE={os.environ.get('COURSE_TORCH_NOISE', '(unset)')}")
 
 
 class NoCudaRuntimeFilter(logging.Filter):

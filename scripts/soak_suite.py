@@ -1,11 +1,13 @@
 """Run the whole `make test` suite many times, on one or more venvs, and name every test that failed.
 
-    python -m scripts.soak_suite --runs 10 [--venv .venv --venv build/venv-3.12 ...]
+    python -m scripts.soak_suite --runs 10 [--markers "not slow"] [--venv .venv --venv build/venv-3.12 ...]
     make soak-suite RUNS=10 [PYTHONS='...']      # .venv, then build/venv-X.Y of each PYTHONS
 
 The runs go round-robin over the venvs (so a machine's state drifts over all of them alike).
-Each run is `pytest -n 2 --dist loadfile -m "not slow"`, as `make test` runs it, with a JUnit
-report under build/soak-suite/; nothing is retried. At the end: one line per run (venv,
+Each run is `pytest -n 2 --dist loadfile -m MARKERS`, as `make test` runs it (the Makefile
+passes its PYTEST_MARKERS), with a JUnit report under build/soak-suite/; nothing is retried.
+The Inductor cache is the tools' shared one, warm after the first run: a flake that needs a
+cold cache shows in the first run only (the portability gate runs cold). At the end: one line per run (venv,
 Python, torch, counts, seconds) and every test that failed or errored, with the runs it failed
 in and the first line of its message. The exit status is 1 when any run failed.
 """
@@ -56,11 +58,11 @@ def describe(python: Path) -> str:
     return done.stdout.strip() or f"(cannot import torch: {done.stderr.strip()[-200:]})"
 
 
-def run_once(number: int, venv: Path, extra: list[str]) -> Result:
+def run_once(number: int, venv: Path, markers: str, extra: list[str]) -> Result:
     python = venv / "bin" / "python"
     report = OUT / f"run-{number:02d}.xml"
     report.unlink(missing_ok=True)
-    command = [str(python), "-m", "pytest", "-n", "2", "--dist", "loadfile", "-m", "not slow", "-q",
+    command = [str(python), "-m", "pytest", "-n", "2", "--dist", "loadfile", "-m", markers, "-q",
                f"--junitxml={report}", *extra]
     start = time.monotonic()
     with open(OUT / f"run-{number:02d}.log", "w") as log:
@@ -74,11 +76,11 @@ def run_once(number: int, venv: Path, extra: list[str]) -> Result:
 
 
 def summary(results: list[Result]) -> str:
-    lines = ["run  venv                  version                                 tests  failed  seconds"]
+    lines = ["run  venv                  version                                 tests  failed  seconds  exit"]
     for r in results:
         bad = r.counts.get("failures", 0) + r.counts.get("errors", 0) if r.counts else len(r.failed)
         lines.append(f"{r.run:>3}  {r.venv:<20}  {r.version:<38}  {r.counts.get('tests', 0):>5}  "
-                     f"{bad:>6}  {r.seconds:>7.0f}")
+                     f"{bad:>6}  {r.seconds:>7.0f}  {r.code:>4}")
     seen: dict[str, list[Result]] = {}
     for r in results:
         for name in r.failed:
@@ -90,12 +92,16 @@ def summary(results: list[Result]) -> str:
             lines.append(f"- {name}: {runs}\n    {where[0].failed[name]}")
     else:
         lines.append(f"\nNo test failed in {len(results)} runs.")
+    if exits := [r for r in results if r.code != 0 and not r.failed]:
+        lines.append("Runs that exited non-zero with no failed test (see their logs): "
+                     + ", ".join(f"run {r.run} (exit {r.code})" for r in exits))
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--markers", default="not slow", help='pytest -m, as `make test` (default "not slow")')
     parser.add_argument("--venv", type=Path, action="append", help="a venv with the course installed "
                         "(repeat for several; default: .venv)")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for number in range(1, args.runs + 1):
         venv = venvs[(number - 1) % len(venvs)]
-        result = run_once(number, venv, args.pytest_args)
+        result = run_once(number, venv, args.markers, args.pytest_args)
         results.append(result)
         print(f"run {number}/{args.runs} on {venv}: exit {result.code}, {result.seconds:.0f} s, "
               f"failed: {', '.join(result.failed) or 'none'}", flush=True)

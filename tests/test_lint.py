@@ -29,6 +29,12 @@ def test_an_unneeded_noqa_fails(tmp_path):
     assert done.returncode == 1 and done.stdout.count("RUF100") == 1 and "example.py:1:" in done.stdout, done.stdout
 
 
+def test_a_blanket_noqa_fails(tmp_path):
+    (tmp_path / "example.py").write_text("import os  # noqa\n")
+    done = ruff("--config", str(PYPROJECT), "--output-format", "concise", "example.py", cwd=tmp_path)
+    assert done.returncode == 1 and "PGH004" in done.stdout, done.stdout
+
+
 def test_only_lesson_scripts_may_have_long_lines():
     """Output-block lines are what a cell prints and cannot be wrapped; everything else keeps
     ruff's line length. The per-file list names exactly the manifest's lesson scripts."""

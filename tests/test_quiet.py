@@ -53,7 +53,8 @@ def test_the_venv_runs_the_quieting_at_start_up():
     pth = Path(sysconfig.get_paths()["purelib"]) / deps.PTH_NAME
     root = Path(pth.read_text().splitlines()[0])  # the checkout that made the venv (this one, or a worktree's)
     assert pth.read_text() == deps.pth_text(root), f"{pth} is not what `make install` writes: run it"
-    assert os.environ.get("KINETO_LOG_LEVEL") == quiet.KINETO_SILENT  # this process too
+    assert os.environ.get("KINETO_LOG_LEVEL") == quiet.KINETO_SILENT, (
+        f"this process has {quiet.switches()}: unset both to run the suite as students run it")
 
 
 def test_a_plain_run_prints_no_profiler_lines(tmp_path):
@@ -117,12 +118,26 @@ def test_the_checker_fails_a_script_run_that_shows_noise(tmp_path):
     assert checker.run_script(script).problems() == []
 
 
-def test_the_checker_fails_a_launch_whose_ranks_show_noise():
-    class Run:  # the shape of the kit's Run that the check reads
-        logs = {(0, 0): ("rank 0: fine\n", ""), (0, 1): ("", "USDT:2026 1:1 X.cpp:52] profiler_stop\n")}
-        agent = ""
+def test_the_capture_passes_stderr_on_as_it_comes(tmp_path):
+    """What a lesson writes to file descriptor 2 reaches the real stderr during the run, so
+    that a run that dies takes nothing of it along (the copy runs every 0.1 s)."""
+    script = tmp_path / "lesson.py"
+    script.write_text('# %%\nimport os, time\nos.write(2, b"written before the crash\\n")\ntime.sleep(0.5)\n'
+                      'os.abort()\n')
+    done = subprocess.run([sys.executable, "-m", "scripts.checker", str(script)], capture_output=True,
+                          text=True, cwd=manifest.ROOT, timeout=120)
+    assert done.returncode < 0 and "written before the crash" in done.stderr, done
 
-    assert checker.launch_noise({"run": Run(), "other": 3}) == ["USDT:2026 1:1 X.cpp:52] profiler_stop"]
+
+def test_the_checker_fails_a_launch_whose_ranks_show_noise():
+    from scripts import multirank  # the kit, as the lessons import it
+
+    logs = {(0, 0): ("rank 0: fine\n", ""), (0, 1): ("", "USDT:2026 1:1 X.cpp:52] profiler_stop\n")}
+    run = multirank.Run(code=0, seconds=1.0, timed_out=False, agent="", logs=logs, exit_codes={0: 0, 1: 0})
+    assert checker.launch_noise({"run": run, "other": 3}) == ["USDT:2026 1:1 X.cpp:52] profiler_stop"]
+    quiet_run = multirank.Run(code=0, seconds=1.0, timed_out=False, agent="", logs={(0, 0): ("", "")},
+                              exit_codes={0: 0})
+    assert checker.launch_noise({"run": quiet_run}) == []
 
 
 def test_the_checker_fails_a_notebook_whose_kernel_shows_real_profiler_lines(tmp_path, monkeypatch):
@@ -138,10 +153,10 @@ def test_the_checker_fails_a_notebook_whose_kernel_shows_real_profiler_lines(tmp
     assert checker.NOISE in found and "cell 1: USDT:" in found, found
 
 
-# What starts libkineto or imports torch.utils.cpp_extension (Inductor does), in code, not prose.
-NOISY_CODE = re.compile(r"torch\.profiler|profiler\.profile|torch\.compile\(|(?<!\bre)\.compile\(|_inductor"
-                        r"|cpp_extension")
-HOW_TO_RUN_MARK = "PyTorch's own diagnostic lines"
+# What starts libkineto, and what imports torch.utils.cpp_extension (Inductor does), in code.
+PROFILES = re.compile(r"torch\.profiler|profiler\.profile")
+COMPILES = re.compile(r"torch\.compile\b|(?<!\bre)\.compile\(|_inductor|cpp_extension")
+HOW_TO_RUN_MARK = "PyTorch's own diagnostic line"
 
 
 def code_of(path: Path) -> str:
@@ -151,29 +166,35 @@ def code_of(path: Path) -> str:
     return "".join(t.string if t.type != tokenize.NEWLINE else "\n" for t in tokens if t.type in kept)
 
 
-def profiles_or_compiles(lesson: manifest.Lesson) -> bool:
-    files = [p for p in lesson.dir.glob("*.py") if not p.name.startswith("test_")
-             and p.name not in ("exercises.py", "solutions.py")]
-    return any(NOISY_CODE.search(code_of(p)) for p in files)
+def how_to_run(lesson: manifest.Lesson) -> str:
+    opening = read_cells(lesson.script)[0].source
+    return " ".join(opening[opening.index("**How to run:**"):].split())
 
 
 @pytest.mark.parametrize("lesson", manifest.ready(), ids=lambda lesson: lesson.number)
 def test_how_to_run_says_what_a_plain_run_may_print(lesson):
-    """A lesson whose code (script, worker, shared modules) profiles or compiles says, in one
-    sentence of its How to run, which of PyTorch's lines a run outside the venv may show."""
-    if not profiles_or_compiles(lesson):
-        pytest.skip(f"lesson {lesson.number} neither profiles nor compiles")
-    opening = read_cells(lesson.script)[0].source
-    how_to_run = " ".join(opening[opening.index("**How to run:**"):].split())
-    assert HOW_TO_RUN_MARK in how_to_run and "USDT:" in how_to_run, (
-        f"lesson {lesson.number} profiles or compiles: its How to run must say what a plain run may print")
+    """What the student runs — the lesson script, and a worker whose `torchrun` command the
+    How to run gives — decides the sentence: the profiler's lines where it profiles, the
+    compiler's where it compiles, and no such sentence where it does neither."""
+    text, script = how_to_run(lesson), code_of(lesson.script)
+    worker = lesson.dir / "worker.py"
+    by_hand = code_of(worker) if "torchrun" in text and worker.exists() else ""
+    profiles, compiles = bool(PROFILES.search(script + by_hand)), bool(COMPILES.search(script))
+    if profiles:
+        assert "USDT: ... profiler_start" in text, f"lesson {lesson.number} profiles: say what that may print"
+    if compiles:
+        assert "No CUDA runtime is found" in text, f"lesson {lesson.number} compiles: say what that may print"
+    if not (profiles or compiles):
+        assert HOW_TO_RUN_MARK not in text, f"lesson {lesson.number} neither profiles nor compiles"
 
 
 def test_the_code_scan_sees_profiling_and_compiling(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("# torch.profiler in a comment\nPATTERN = re.compile('x')\ns = 'torch.compile('\n")
-    assert not NOISY_CODE.search(code_of(sample))
+    assert not PROFILES.search(code_of(sample)) and not COMPILES.search(code_of(sample))
     sample.write_text("with torch.profiler.profile():\n    pass\n")
-    assert NOISY_CODE.search(code_of(sample))
+    assert PROFILES.search(code_of(sample))
     sample.write_text("fast = model.compile(backend='aot_eager')\n")
-    assert NOISY_CODE.search(code_of(sample))
+    assert COMPILES.search(code_of(sample))
+    sample.write_text("@torch.compile\ndef f(x):\n    return x\n")
+    assert COMPILES.search(code_of(sample))

@@ -37,3 +37,5 @@ def test_the_summary_lists_each_failed_test_once_with_its_runs():
     assert "- t::x: run 2 (venv-3.12), run 3 (venv-3.12)\n    AssertionError: 2.77" in text
     assert text.count("t::x") == 1
     assert "No test failed in 1 runs." in soak_suite.summary([ok])
+    crashed = soak_suite.Result(4, ".venv", "Python 3.11.7, torch 2.13.0", 10.0, 2, {"tests": 4})
+    assert "run 4 (exit 2)" in soak_suite.summary([ok, crashed])

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ruamel.yaml import YAML
+from ruamel.yaml import YAML  # comes with check-jsonschema (its YAML reader), pinned in the dev extra
 
 from scripts import manifest
 

@@ -24,12 +24,12 @@
 #
 # **How to run:** `python lessons/01_tensor_views/tensor_views.py` or `make lesson N=01`
 # from the repository root, or open `tensor_views.ipynb`. Everything runs on the CPU in a
-# few seconds. Each printing cell is followed by an *Output* block: what it printed with
-# the pinned PyTorch (2.13.0), checked by `make test`. Run outside the course's venv, a
-# lesson may also print PyTorch's own diagnostic lines to stderr (`USDT: ... profiler_start`
-# from the profiler; on a CUDA build without a GPU, `gpuGetDeviceCount failed` or `No CUDA
-# runtime is found`): they are harmless, and the venv that `make lessons` sets up turns them
-# off.
+# few seconds. Each printing cell is followed by an *Output* block: what it printed with the
+# pinned PyTorch (2.13.0), checked by `make test`. Run outside the course's venv, this
+# lesson may also print PyTorch's own diagnostic lines to stderr: `USDT: ... profiler_start`
+# and `profiler_stop` around each profiler run and, on a CUDA build without a GPU,
+# `gpuGetDeviceCount failed`. They are harmless, and the course's venv (`.venv`, made by
+# `make install` or any `make lesson`) turns them off.
 
 # %%
 import itertools

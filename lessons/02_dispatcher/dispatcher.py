@@ -24,13 +24,14 @@
 #
 # **Prerequisites:** lesson 01 (sizes, strides, views, `reshape` vs `view`).
 #
-# **How to run:** `python lessons/02_dispatcher/dispatcher.py` or `make lesson N=02` from the
-# repository root, or open `dispatcher.ipynb`. Everything runs on the CPU in a few seconds.
-# Each printing cell is followed by an *Output* block: what it printed with the pinned
-# PyTorch (2.13.0), checked by `make test`. Run outside the course's venv, a lesson may also
-# print PyTorch's own diagnostic lines to stderr (`USDT: ... profiler_start` from the
-# profiler; on a CUDA build without a GPU, `gpuGetDeviceCount failed` or `No CUDA runtime is
-# found`): they are harmless, and the venv that `make lessons` sets up turns them off.
+# **How to run:** `python lessons/02_dispatcher/dispatcher.py` or `make lesson N=02` from
+# the repository root, or open `dispatcher.ipynb`. Everything runs on the CPU in a few
+# seconds. Each printing cell is followed by an *Output* block: what it printed with the
+# pinned PyTorch (2.13.0), checked by `make test`. Run outside the course's venv, this
+# lesson may also print PyTorch's own diagnostic lines to stderr: `USDT: ... profiler_start`
+# and `profiler_stop` around each profiler run and, on a CUDA build without a GPU,
+# `gpuGetDeviceCount failed` and `No CUDA runtime is found`. They are harmless, and the
+# course's venv (`.venv`, made by `make install` or any `make lesson`) turns them off.
 #
 # Some tools used here are private, marked by an underscore: `torch._C._dispatch_keys` and
 # an op's `._schema` (they may change without notice), and the module

@@ -26,15 +26,15 @@
 #
 # **How to run:** `python lessons/05_precision/precision.py` or `make lesson N=05` from the
 # repository root, or open `precision.ipynb`. Everything runs on the CPU, within the
-# lesson's budget of 30 seconds on a shared 2-core machine.
-# Whether a 16-bit matrix multiply is fast on a CPU depends on its instruction set: section
-# 4 measures it on yours. Where the CPU has no 16-bit matrix instructions it can be tens of
-# times slower than float32, so every low-precision matmul here is tiny on purpose. Each
-# printing cell is followed by an *Output* block: what it printed with the pinned PyTorch
-# (2.13.0), checked by `make test`. Run outside the course's venv, a lesson may also print
-# PyTorch's own diagnostic lines to stderr (`USDT: ... profiler_start` from the profiler; on
-# a CUDA build without a GPU, `gpuGetDeviceCount failed` or `No CUDA runtime is found`):
-# they are harmless, and the venv that `make lessons` sets up turns them off.
+# lesson's budget of 30 seconds on a shared 2-core machine. Whether a 16-bit matrix multiply
+# is fast on a CPU depends on its instruction set: section 4 measures it on yours. Where the
+# CPU has no 16-bit matrix instructions it can be tens of times slower than float32, so
+# every low-precision matmul here is tiny on purpose. Each printing cell is followed by an
+# *Output* block: what it printed with the pinned PyTorch (2.13.0), checked by `make test`.
+# Run outside the course's venv, this lesson may also print PyTorch's own diagnostic lines
+# to stderr: `USDT: ... profiler_start` and `profiler_stop` around each profiler run and, on
+# a CUDA build without a GPU, `gpuGetDeviceCount failed`. They are harmless, and the
+# course's venv (`.venv`, made by `make install` or any `make lesson`) turns them off.
 
 # %%
 import csv
@@ -655,17 +655,18 @@ for name in ("bfloat16", "float16", "bf16 via fp32"):
 # ```
 #
 # The ratios are your CPU's (times vary a little from run to run; the ratios' order of
-# magnitude does not). A bfloat16 ratio of a few at most (from below 1 to about 3 at this
-# small size) means the CPU multiplies bfloat16 in hardware: AVX-512 BF16 or AMX
-# instructions, which oneDNN (PyTorch's CPU library for such kernels) uses when they are
-# there. A ratio of tens means it has none, and the product runs in a generic loop, not in
-# a tuned kernel: converting both bfloat16 inputs to float32 and multiplying there (the
-# last line) costs little more than float32 itself.
-# float16 is slower than
-# float32 on most CPUs: only recent server CPUs (AMX-FP16, AVX512-FP16) multiply it
-# natively. The tests check these directions against the flags your CPU reports. On GPUs
-# the 16-bit formats are the fast ones (this lesson's CUDA test measures fp32, TF32, fp16
-# and bf16 matmuls).
+# magnitude does not), and they fall into three bands. Up to about 3: the CPU multiplies
+# bfloat16 in hardware (AVX-512 BF16 or AMX instructions, which oneDNN, PyTorch's CPU
+# library for such kernels, uses when they are there), and even then bfloat16 need not beat
+# float32 here: converting to float32 first (the last line) can win.
+# Around 5: AVX-512 without BF16, where oneDNN converts inside its kernel. Tens: neither,
+# and the product runs in a generic loop, not in a tuned kernel; converting both bfloat16
+# inputs to float32 and multiplying there costs little more than float32 itself. float16
+# is slower than float32 on most CPUs, tens of times: only recent server CPUs (AMX-FP16,
+# AVX512-FP16) multiply it natively, and at this size even they take one to two times as
+# long as for float32. `lscpu` lists your CPU's flags (`avx512_bf16`, `amx_bf16`,
+# `avx512_fp16`); the tests check these directions against them. On GPUs the 16-bit formats
+# are the fast ones (this lesson's CUDA test measures fp32, TF32, fp16 and bf16 matmuls).
 
 # %% [markdown]
 # ## 5. A mixed-precision training step, in order

@@ -28,15 +28,16 @@
 # **Prerequisites:** lesson 02 (ATen ops and the dispatcher), lesson 03 (a training step:
 # forward, backward, optimizer).
 #
-# **How to run:** `python lessons/06_devices_and_timing/devices_and_timing.py` or
-# `make lesson N=06` from the repository root, or open `devices_and_timing.ipynb`. It runs
-# on the CPU, within the lesson's budget of 30 seconds on a shared 2-core machine. Timings
-# change from run to run: the *Output* blocks write them as placeholders such as `«time»`
-# and `«rate»`, and `make test` checks everything else. The GPU measurements run with
-# `make test-gpu` on a machine that has one. Run outside the course's venv, a lesson may
-# also print PyTorch's own diagnostic lines to stderr (`USDT: ... profiler_start` from the
-# profiler; on a CUDA build without a GPU, `gpuGetDeviceCount failed` or `No CUDA runtime is
-# found`): they are harmless, and the venv that `make lessons` sets up turns them off.
+# **How to run:** `python lessons/06_devices_and_timing/devices_and_timing.py` or `make
+# lesson N=06` from the repository root, or open `devices_and_timing.ipynb`. It runs on the
+# CPU, within the lesson's budget of 30 seconds on a shared 2-core machine. Timings change
+# from run to run: the *Output* blocks write them as placeholders such as `«time»` and
+# `«rate»`, and `make test` checks everything else. The GPU measurements run with `make
+# test-gpu` on a machine that has one. Run outside the course's venv, this lesson may also
+# print PyTorch's own diagnostic lines to stderr: `USDT: ... profiler_start` and
+# `profiler_stop` around each profiler run and, on a CUDA build without a GPU,
+# `gpuGetDeviceCount failed` and `No CUDA runtime is found`. They are harmless, and the
+# course's venv (`.venv`, made by `make install` or any `make lesson`) turns them off.
 
 # %%
 import json

@@ -30,13 +30,14 @@
 # lesson's run time (the cell prints how long), far less once the cache
 # (`TORCHINDUCTOR_CACHE_DIR`, set by the course tools) holds the generated code. Where
 # PyTorch refuses to compile FlexAttention for the CPU (no AVX2, or macOS: Apple silicon,
-# Intel Macs, Arm Linux), that cell prints PyTorch's reason and skips. Each printing cell
-# is followed by an *Output* block: what it printed with the pinned PyTorch (2.13.0),
-# checked by `make test`; parts that depend on the machine appear there as `«time»` or
-# `«number»`. Run outside the course's venv, a lesson may also print PyTorch's own
-# diagnostic lines to stderr (`USDT: ... profiler_start` from the profiler; on a CUDA build
-# without a GPU, `gpuGetDeviceCount failed` or `No CUDA runtime is found`): they are
-# harmless, and the venv that `make lessons` sets up turns them off.
+# Intel Macs, Arm Linux), that cell prints PyTorch's reason and skips. Each printing cell is
+# followed by an *Output* block: what it printed with the pinned PyTorch (2.13.0), checked
+# by `make test`; parts that depend on the machine appear there as `«time»` or `«number»`.
+# Run outside the course's venv, this lesson may also print PyTorch's own diagnostic lines
+# to stderr: `USDT: ... profiler_start` and `profiler_stop` around each profiler run and, on
+# a CUDA build without a GPU, `gpuGetDeviceCount failed` and `No CUDA runtime is found`.
+# They are harmless, and the course's venv (`.venv`, made by `make install` or any `make
+# lesson`) turns them off.
 
 # %%
 import contextlib

@@ -36,20 +36,20 @@
 # lesson 05 (autocast); lesson 06 for honest timing.
 #
 # **How to run:** `python lessons/08_compile/compile.py` or `make lesson N=08` from the
-# repository root, or open `compile.ipynb`. Everything runs on the CPU: the outputs below are
-# CPU facts (C++ kernels, CPU autocast), and the GPU comparisons live in the tests
+# repository root, or open `compile.ipynb`. Everything runs on the CPU: the outputs below
+# are CPU facts (C++ kernels, CPU autocast), and the GPU comparisons live in the tests
 # (`make test-gpu`). Only section 6 runs Inductor: its first call compiles C++ and takes
 # seconds (the cell prints how many), far fewer once the generated code is cached on disk;
 # the course tools point `TORCHINDUCTOR_CACHE_DIR` at `build/inductor-cache` so that later
 # runs reuse it. Each printing cell is followed by an *Output* block: what it printed with
-# the pinned PyTorch (2.13.0), checked by `make test`. Timings, rates and anything else
-# that depends on the machine appear there as `«time»`, `«rate»`, `«ratio»`, `«number»`.
-# The lesson also runs under the logging it recommends below, e.g.
-# `TORCH_LOGS=output_code python lessons/08_compile/compile.py`. Run outside the course's
-# venv, a lesson may also print PyTorch's own diagnostic lines to stderr (`USDT: ...
-# profiler_start` from the profiler; on a CUDA build without a GPU, `gpuGetDeviceCount
-# failed` or `No CUDA runtime is found`): they are harmless, and the venv that `make
-# lessons` sets up turns them off.
+# the pinned PyTorch (2.13.0), checked by `make test`. Timings, rates and anything else that
+# depends on the machine appear there as `«time»`, `«rate»`, `«ratio»`, `«number»`. The
+# lesson also runs under the logging it recommends below, e.g. `TORCH_LOGS=output_code
+# python lessons/08_compile/compile.py`. Run outside the course's venv on a CUDA build
+# without a GPU, `torch.compile` may also log PyTorch's own diagnostic line `No CUDA runtime
+# is found` to stderr. It is harmless, and the course's venv (`.venv`, made by `make
+# install` or any `make lesson`) turns it off (the `Profiler record function ... will be
+# ignored` warning is another matter: section 8 explains it).
 #
 # Several tools here are private (`torch._dynamo`, `torch._functorch.config`,
 # `torch._inductor`): PyTorch's compile troubleshooting guides use

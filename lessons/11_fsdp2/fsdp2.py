@@ -29,20 +29,20 @@
 # **Prerequisites:** lesson 09 (collectives, DeviceMesh, DTensor placements), lesson 05
 # (bf16), lesson 03 (autograd hooks).
 #
-# **How to run:** `python lessons/11_fsdp2/fsdp2.py` or `make lesson N=11` from the repository
-# root, or open `fsdp2.ipynb`. It launches `worker.py` once on 2 ranks (10–15 s on the CPU,
-# gloo backend) through the course's multi-rank kit, `lessons/multirank.py` (lesson 09
-# explains it); every section below reads that launch's output, except two cells of section
-# 5, which run in this process on a fake group of 4 ranks. Run the worker yourself:
-# `torchrun --standalone --nproc-per-node=2 lessons/11_fsdp2/worker.py main` (add
+# **How to run:** `python lessons/11_fsdp2/fsdp2.py` or `make lesson N=11` from the
+# repository root, or open `fsdp2.ipynb`. It launches `worker.py` once on 2 ranks (10–15 s
+# on the CPU, gloo backend) through the course's multi-rank kit, `lessons/multirank.py`
+# (lesson 09 explains it); every section below reads that launch's output, except two cells
+# of section 5, which run in this process on a fake group of 4 ranks. Run the worker
+# yourself: `torchrun --standalone --nproc-per-node=2 lessons/11_fsdp2/worker.py main` (add
 # `--backend nccl` on a machine with 2 GPUs; `pinned` instead of `main` shows a launch that
 # fails cleanly; `--nproc-per-node=4 ... worker.py int4` is section 5's part on 4 real
-# ranks). Each printing cell is followed by an *Output* block: what it printed with
-# the pinned PyTorch (2.13.0), checked by `make test`. Run outside the course's venv, a
-# lesson may also print PyTorch's own diagnostic lines to stderr (`USDT: ... profiler_start`
-# from the profiler; on a CUDA build without a GPU, `gpuGetDeviceCount failed` or `No CUDA
-# runtime is found`): they are harmless, and the venv that `make lessons` sets up turns them
-# off.
+# ranks). Each printing cell is followed by an *Output* block: what it printed with the
+# pinned PyTorch (2.13.0), checked by `make test`. Run outside the course's venv, that
+# `torchrun` command also prints PyTorch's own diagnostic lines from each rank to stderr:
+# `USDT: ... profiler_start` and `profiler_stop` around each profiler run. They are
+# harmless, and the course's venv (`.venv`, made by `make install` or any `make lesson`)
+# turns them off.
 
 # %%
 import contextlib

@@ -32,12 +32,8 @@
 # `make lesson N=13` from the repository root, or open `composing_parallelism.ipynb`. It
 # launches `worker.py` once on 4 CPU ranks with the course's kit (`lessons/multirank.py`,
 # lesson 09; the first cell prints how long it took); every section below reads that
-# launch's output. Each printing cell is followed by an *Output* block: what it printed
-# with the pinned PyTorch (2.13.0), checked by `make test`. Run outside the course's venv, a
-# lesson may also print PyTorch's own diagnostic lines to stderr (`USDT: ... profiler_start`
-# from the profiler; on a CUDA build without a GPU, `gpuGetDeviceCount failed` or `No CUDA
-# runtime is found`): they are harmless, and the venv that `make lessons` sets up turns them
-# off.
+# launch's output. Each printing cell is followed by an *Output* block: what it printed with
+# the pinned PyTorch (2.13.0), checked by `make test`.
 
 # %%
 import re

@@ -28,14 +28,14 @@
 # repository root, or open `capstone.ipynb`. The model, the data and the training step live
 # in `gpt.py` next to this file, because the 2-rank stage's ranks (`worker.py`) import the
 # very same definitions; read it first, it is short. With a warm Inductor cache the script
-# took from 20 s to a minute on the course's 2-core machine, depending on what else ran
-# on it; the first `torch.compile` on a machine writes and compiles C++ kernels, which
-# added 22-65 s there. Each printing cell is followed by an *Output* block: what it
-# printed with the pinned PyTorch (2.13.0), checked by `make test`. Run outside the course's
-# venv, a lesson may also print PyTorch's own diagnostic lines to stderr (`USDT: ...
-# profiler_start` from the profiler; on a CUDA build without a GPU, `gpuGetDeviceCount
-# failed` or `No CUDA runtime is found`): they are harmless, and the venv that `make
-# lessons` sets up turns them off.
+# took from 20 s to a minute on the course's 2-core machine, depending on what else ran on
+# it; the first `torch.compile` on a machine writes and compiles C++ kernels, which added
+# 22-65 s there. Each printing cell is followed by an *Output* block: what it printed with
+# the pinned PyTorch (2.13.0), checked by `make test`. Run outside the course's venv, this
+# lesson may also print PyTorch's own diagnostic lines to stderr: `USDT: ... profiler_start`
+# and `profiler_stop` around each profiler run and, on a CUDA build without a GPU,
+# `gpuGetDeviceCount failed` and `No CUDA runtime is found`. They are harmless, and the
+# course's venv (`.venv`, made by `make install` or any `make lesson`) turns them off.
 
 # %%
 import atexit

@@ -13,7 +13,7 @@ each count (`--plain`, `--fail`, default), nothing retried.
 What was measured:
 - `plain`: a rank may die *after* its work with "terminate called without an active
   exception" (SIGABRT): 40 of 160 launches when first measured, 14 of 30 when measured again
-  with the 2 cores loaded by other jobs (`--plain --load`). Every variant that called
+  (`--plain`) with the 2 cores loaded by other jobs. Every variant that called
   destroy_process_group() passed: 0 aborts in 640 launches.
 - `all_reduce --fail` (rank 1 raises while rank 0 waits in an all-reduce; no barrier on the
   failure path): 30 of 30 launches ended with exit code 1 and no abort, in 5.0 to 12.4 s
