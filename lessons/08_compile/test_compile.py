@@ -199,12 +199,14 @@ def test_cache_key(lesson):
     assert ns["ISA_NAMES"].search("avx512_vnni avx2 neon sve256")  # the pattern does match ISAs
 
 
-def remeasured(ns, x, t, ways, burst, rounds=3):
-    """t's fastest times, lowered by up to `rounds` more measurements of `ways` while the
-    ratio compiled / clone is above 1.5: load only adds time, so the minimum stands."""
+def remeasured(ns, x, t, ways, burst, holds=lambda t: t["compiled"] <= 1.5 * t["clone"], rounds=3):
+    """t's fastest times, lowered by up to `rounds` more measurements of `ways` while
+    `holds(t)` is false: load only adds time, so the minimum stands. A busy machine can
+    inflate every call of one measurement (the other core streaming memory too: a 64 MiB
+    copy_ at 17 ms instead of 12), so a claim is judged on the least disturbed times."""
     t = dict(t)
     for _ in range(rounds):
-        if t["compiled"] <= 1.5 * t["clone"]:
+        if holds(t):
             break
         again = ns["fastest_ms"](ways, burst=burst, repeats=30, budget_s=2.0)
         t = {k: min(t[k], again.get(k, t[k])) for k in t}
@@ -256,6 +258,10 @@ def test_past_the_cache(lesson):
         pages = ns["sizes"]["small"].nbytes / mmap.PAGESIZE
         assert faults["small"] < pages / 10, faults  # the freed 8 MiB block is reused
         assert faults["large"] >= 10 and faults["large"] > faults["small"]
+        x, out, cchain = ns["sizes"]["large"], torch.empty_like(ns["sizes"]["large"]), ns["cchain"]
+        ways = {"copy_": lambda: out.copy_(x), "clone": lambda: x.clone(), "compiled": lambda: cchain(x)}
+        large = remeasured(ns, x, large, ways, burst=1,
+                           holds=lambda t: min(t["clone"], t["compiled"]) > 2 * t["copy_"])
         assert large["clone"] > 2 * large["copy_"], large
         assert large["compiled"] > 2 * large["copy_"], large
 
