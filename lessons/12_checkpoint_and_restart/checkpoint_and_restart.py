@@ -246,7 +246,7 @@ saved = dcp.FileSystemReader(TMP / "full6").read_metadata().state_dict_metadata
 print(f"the full checkpoint holds app.{sorted({k.split('.')[1] for k in saved})}")
 print(f"step 1 of the run used batch {log[0]['batch']}")
 for name, (_, steps) in runs.items():
-    print(f"{name:13} step 7: batch {steps[0]['batch']} loss {steps[0]['loss']:.6f}")
+    print(f"{name:13} step 7: batch {steps[0]['batch']} loss {steps[0]['loss']:.4f}")
 for name, (_, steps) in runs.items():
     lrs = " ".join(f"{s['lr']:.4f}" for s in steps)
     print(f"{name:13} lr at steps 7-12: {lrs}")
@@ -261,10 +261,10 @@ for name, (t, steps) in runs.items():
 # ```text
 # the full checkpoint holds app.['cursor', 'model', 'optim', 'rng', 'sched']
 # step 1 of the run used batch [25, 6, 15, 30]
-# uninterrupted step 7: batch [27, 21, 11, 5] loss 1.165962
-# weights only  step 7: batch [25, 6, 15, 30] loss 1.301906
-# all but RNG   step 7: batch [27, 21, 11, 5] loss 0.715965
-# full state    step 7: batch [27, 21, 11, 5] loss 1.165962
+# uninterrupted step 7: batch [27, 21, 11, 5] loss 1.1660
+# weights only  step 7: batch [25, 6, 15, 30] loss 1.3019
+# all but RNG   step 7: batch [27, 21, 11, 5] loss 0.7160
+# full state    step 7: batch [27, 21, 11, 5] loss 1.1660
 # uninterrupted lr at steps 7-12: 0.0500 0.0500 0.0250 0.0250 0.0250 0.0250
 # weights only  lr at steps 7-12: 0.0500 0.0500 0.0500 0.0500 0.0250 0.0250
 # all but RNG   lr at steps 7-12: 0.0500 0.0500 0.0250 0.0250 0.0250 0.0250
@@ -1187,7 +1187,7 @@ read_the_source([
 #    started the epoch over. Steps 9 and 10 use 0.05 instead of 0.025: the fresh `StepLR`
 #    counted from 0 and halved two steps late. Restoring the scheduler and the cursor but
 #    not the RNG state gets the batch and the LR right, yet step 7's loss already differs
-#    (0.715965 instead of 1.165962: another dropout mask). With all of them, as one Stateful
+#    (0.7160 instead of 1.1660: another dropout mask). With all of them, as one Stateful
 #    object, steps 7-12 matched: losses equal, parameters 0.00e+00 apart
 #    (*§ A checkpoint is the whole training state*).
 #
