@@ -130,9 +130,7 @@ soak: install
 RUNS ?= 10
 PY_VERSION = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 soak-suite: install
-	@set -e; for py in $(PYTHONS); do \
-		$(MAKE) --no-print-directory install PYTHON=$$py VENV=build/venv-$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
-	done
+	@$(foreach py,$(PYTHONS),$(MAKE) --no-print-directory install PYTHON=$(py) VENV=build/venv-$(call PY_VERSION,$(py)) &&) true
 	$(PY) -m scripts.soak_suite --runs $(RUNS) --markers "$(PYTEST_MARKERS)" --venv $(VENV) \
 		$(foreach py,$(PYTHONS),--venv build/venv-$(call PY_VERSION,$(py)))
 

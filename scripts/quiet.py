@@ -38,7 +38,8 @@ KINETO_SILENT = "6"  # above libkineto's highest level (USDT = 5)
 CPP_EXTENSION_LOGGER = "torch.utils.cpp_extension"
 NO_CUDA_RUNTIME = "No CUDA runtime is found"
 
-# The lines a student must never see from a course run, as they start (tests look for them).
+# What marks the lines a student must never see from a course run: the first two start a line
+# (libkineto's level names), the others stand within one (tests and the checker look for them).
 NOISE_MARKERS = ("USDT:", "STAGE:", "gpuGetDeviceCount failed", NO_CUDA_RUNTIME)
 
 
