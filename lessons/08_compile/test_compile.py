@@ -6,6 +6,7 @@ TORCH_TRACE read at import); and,
 on CUDA, compiled vs eager, the caching allocator against the clone floor, and
 mode="reduce-overhead" recording and replaying a CUDA graph."""
 
+import ctypes
 import functools
 import importlib
 import inspect
@@ -16,7 +17,13 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
+
+try:
+    import resource  # Unix only
+except ImportError:
+    resource = None
 
 import pytest
 import torch
@@ -213,17 +220,59 @@ def remeasured(ns, x, t, ways, burst, holds=lambda t: t["compiled"] <= 1.5 * t["
     return t
 
 
+def fresh_mapping_ms(ways, pages, rounds=8):
+    """Fastest ms of each of `ways` over the calls that page-faulted at least half of `pages`
+    (Linux): calls whose result got a fresh mapping. glibc usually maps a 64 MiB result
+    afresh, but a free block that large left inside the heap by earlier work in the process
+    (a test worker has run other lessons first) serves a call with no faults at all; a claim
+    about fresh results compares such calls only. {name: (ms or inf, calls that faulted)}."""
+    best = {name: (float("inf"), 0) for name in ways}
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform == "linux" else None
+    for _ in range(rounds):
+        for name, fn in ways.items():
+            if trim:  # glibc: give free heap pages back, so a reused heap block faults too
+                trim(0)
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            t0 = time.perf_counter()
+            fn()
+            ms = (time.perf_counter() - t0) * 1e3
+            if resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before >= pages / 2:
+                best[name] = (min(best[name][0], ms), best[name][1] + 1)
+    return best
+
+
+def test_fresh_mapping_ms_keeps_only_faulting_calls():
+    if resource is None:
+        pytest.skip("no resource module (Windows): no page-fault counts")
+    x = torch.randn(8192, 2048)  # 64 MiB
+    out = torch.empty_like(x).copy_(x)  # every page of out touched: mapped from now on
+    got = fresh_mapping_ms({"copy_": lambda: out.copy_(x), "zeros": lambda: torch.zeros_like(x)},
+                           pages=x.nbytes / mmap.PAGESIZE, rounds=2)
+    assert got["copy_"] == (float("inf"), 0)  # writes into mapped pages: never counted
+    if sys.platform == "linux":
+        assert got["zeros"][1] >= 1 and got["zeros"][0] < float("inf"), got
+
+
 def test_compiled_within_1_5_of_the_clone_floor(lesson):
     """The compiled chain allocates its result as clone does, and makes one pass as clone
-    does: within 1.5 times clone's time at both sizes, measured again if the machine was busy."""
+    does: within 1.5 times clone's time at both sizes, measured again if the machine was busy.
+    At 64 MiB on Linux both are judged on calls that got a fresh mapping (fresh_mapping_ms)."""
     ns = lesson.ns
     if not ns["isa"]:
         pytest.skip("no vector ISA: Inductor's scalar loop is slower than eager here (see the slow tests)")
     cchain = ns["cchain"]
     for label, x in ns["sizes"].items():
         ways = {"clone": lambda: x.clone(), "compiled": lambda: cchain(x)}
-        burst = 3 if x.nbytes <= 16 * 2**20 else 1
-        t = remeasured(ns, x, ns["timings"][label], ways, burst)
+        if label == "large" and sys.platform == "linux":
+            t = {}
+            for _ in range(3):  # load only adds time: stop once the least disturbed calls agree
+                got = fresh_mapping_ms(ways, pages=x.nbytes / mmap.PAGESIZE)
+                t = {k: min(t.get(k, float("inf")), ms) for k, (ms, _) in got.items()}
+                if t["compiled"] <= 1.5 * t["clone"]:
+                    break
+            assert t["clone"] < float("inf"), ("no clone call page-faulted", got)
+        else:
+            t = remeasured(ns, x, ns["timings"][label], ways, 3 if x.nbytes <= 16 * 2**20 else 1)
         assert t["compiled"] <= 1.5 * t["clone"], (label, t)
 
 
@@ -265,11 +314,16 @@ def test_past_the_cache(lesson):
         assert faults["small"] < pages / 10, faults  # the freed 8 MiB block is reused
         assert faults["large"] >= 10 and faults["large"] > faults["small"]
         x, out, cchain = ns["sizes"]["large"], torch.empty_like(ns["sizes"]["large"]), ns["cchain"]
-        ways = {"copy_": lambda: out.copy_(x), "clone": lambda: x.clone(), "compiled": lambda: cchain(x)}
-        large = remeasured(ns, x, large, ways, burst=1,
-                           holds=lambda t: min(t["clone"], t["compiled"]) > 2 * t["copy_"])
-        assert large["clone"] > 2 * large["copy_"], large
-        assert large["compiled"] > 2 * large["copy_"], large
+        fresh = fresh_mapping_ms({"clone": lambda: x.clone(), "compiled": lambda: cchain(x)}, pages=8 * pages)
+        assert all(calls for _, calls in fresh.values()), ("a call that never faulted", fresh)
+        t = {"copy_": large["copy_"], **{k: ms for k, (ms, _) in fresh.items()}}
+        for _ in range(3):  # a busy machine slows copy_ most: judge on its least disturbed time
+            if min(t["clone"], t["compiled"]) > 2 * t["copy_"]:
+                break
+            again = ns["fastest_ms"]({"copy_": lambda: out.copy_(x)}, repeats=30, budget_s=2.0)
+            t["copy_"] = min(t["copy_"], again["copy_"])
+        assert t["clone"] > 2 * t["copy_"], (t, fresh)
+        assert t["compiled"] > 2 * t["copy_"], (t, fresh)
 
 
 def test_figure_shows_the_bandwidths(lesson):

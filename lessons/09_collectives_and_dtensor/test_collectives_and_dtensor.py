@@ -91,7 +91,8 @@ def seconds(line):
 def test_mismatch_fails_fast(lesson):
     bad, section = lesson.ns["bad"], lesson.ns["section"]
     assert bad.code == 1 and not bad.timed_out, bad.describe()  # an error, not a hang, not a success
-    timeout = section(bad, "timeout")
+    timeout, detail = section(bad, "timeout"), section(bad, "detail")
+    assert sorted(timeout) == sorted(detail) == [0, 1], bad.describe()  # every rank got there
     waits = []
     for rank, op in ((0, "all_reduce"), (1, "all_gather")):
         line = timeout[rank][0]
@@ -100,7 +101,6 @@ def test_mismatch_fails_fast(lesson):
     # the rank that started waiting first waits the group's full 3 s; the other may give up
     # earlier ("Connection closed by peer"); neither waits the default group's 60 s
     assert max(waits) >= 2.5 and max(waits) < 30, waits
-    detail = section(bad, "detail")
     assert detail[0][1] == "rank 0: Op type: ALLREDUCEvs ALLGATHER"
     assert detail[1][1] == "rank 1: Op type: ALLGATHERvs ALLREDUCE"
     for rank in (0, 1):  # found by the check, not by a timeout: far sooner than the 3 s wait
