@@ -27,17 +27,18 @@
 # **How to run:** `python lessons/02_dispatcher/dispatcher.py` or `make lesson N=02` from
 # the repository root, or open `dispatcher.ipynb`. Everything runs on the CPU in a few
 # seconds. Each printing cell is followed by an *Output* block: what it printed with the
-# pinned PyTorch (2.13.0), checked by `make test`. Run outside the course's venv, this
-# lesson may also print PyTorch's own diagnostic lines to stderr: `USDT: ... profiler_start`
-# and `profiler_stop` around each profiler run and, on a CUDA build without a GPU,
-# `gpuGetDeviceCount failed` and `No CUDA runtime is found`. They are harmless, and the
-# course's venv (`.venv`, made by `make install` or any `make lesson`) turns them off.
+# pinned PyTorch (2.13.0). Your run prints the same lines, except the parts marked
+# `«version»`, `«folder»` or `«line»`: which torch you installed, and where. Run outside
+# the course's venv, this lesson may also print PyTorch's own diagnostic lines to stderr:
+# `USDT: ... profiler_start` and `profiler_stop` around each profiler run and, on a CUDA
+# build without a GPU, `gpuGetDeviceCount failed` and `No CUDA runtime is found`. They are
+# harmless, and the course's venv (`.venv`, made by any `make lesson`) turns them off.
 #
 # Some tools used here are private, marked by an underscore: `torch._C._dispatch_keys` and
 # an op's `._schema` (they may change without notice), and the module
 # `torch.utils._python_dispatch` of `TorchDispatchMode` (documented all the same, in the
-# *Extending PyTorch* notes, and the simplest way to watch ATen calls from Python). Their
-# outputs are pinned by this lesson's tests, so a change in a new PyTorch shows up there.
+# *Extending PyTorch* notes, and the simplest way to watch ATen calls from Python). Under
+# another PyTorch release their output may differ from the lesson's.
 
 # %%
 import contextlib
@@ -886,7 +887,7 @@ for name, op in [("double_bad", double_bad), ("double_good", double_good)]:
 # metadata: strides (1, 3) from the real kernel, (4, 1) from the fake. The honest op passes
 # all four tests: the schema's aliasing claims hold, autograd is registered correctly, the
 # fake matches the real kernel, and the op traces through the compile stack with dynamic
-# shapes. The test that failed names the bug and the op, at the op: call `opcheck` in a
+# shapes. The check that failed names the bug and the op, at the op: call `opcheck` in a
 # custom op's unit tests, on inputs of several shapes and layouts.
 
 # %% [markdown]
@@ -919,6 +920,22 @@ for name, op in [("double_bad", double_bad), ("double_good", double_good)]:
 # - A custom op's fake implementation is a contract on shape, dtype *and strides*; break it
 #   and eager code works while compiled code fails far from the op. Run
 #   `torch.library.opcheck` on every custom op.
+
+# %% [markdown]
+# ## References
+#
+# - [`torch.library`](https://docs.pytorch.org/docs/2.13/library.html): defining operators, their schemas and kernels
+#   (`custom_op`, `register_fake`, `opcheck`), the public face of the dispatcher.
+# - [`torch.library.custom_op`](https://docs.pytorch.org/docs/2.13/generated/torch.library.custom_op.html) and
+#   [`torch.library.opcheck`](https://docs.pytorch.org/docs/2.13/generated/torch.library.opcheck.html): section 7's op and
+#   the check that catches its broken twin.
+# - [`torch.overrides`](https://docs.pytorch.org/docs/2.13/torch.overrides.html): `__torch_function__`, the Python layer
+#   above the dispatcher (section 2's dispatch mode sits below it).
+# - [`torch.func.vmap`](https://docs.pytorch.org/docs/2.13/generated/torch.func.vmap.html) and
+#   [`torch.func.functionalize`](https://docs.pytorch.org/docs/2.13/generated/torch.func.functionalize.html): two of the
+#   layers of section 6.
+# - [`torch.profiler`](https://docs.pytorch.org/docs/2.13/profiler.html): the profiler that
+#   lists a training step's ops in section 4.
 
 # %% [markdown]
 # ## Read the source
