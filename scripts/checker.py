@@ -272,7 +272,7 @@ def check_outputs(lesson: str, cells: list[Cell], printed: dict[int, str]) -> li
 
 def update_hint(lesson: str) -> str:
     """What to do when the new output is the intended one."""
-    m = re.search(r"lessons/(\d\d)_", lesson.replace(os.sep, "/"))
+    m = re.search(r"lessons/(\d\d[a-z]?)_", lesson.replace(os.sep, "/"))
     target = f"make outputs N={m.group(1)}" if m else "make outputs"
     return f"{lesson}: if the change is intended, run `{target}` and review `git diff`"
 

@@ -225,7 +225,7 @@ def gpu_lessons(numbers: list[str] | None):
         tests = "".join(p.read_text() for p in lesson.dir.glob("test_*.py"))
         marked = any(f"pytest.mark.{m}" in tests for m in GPU_MARKERS)
         if (numbers is None and (marked or set(lesson.devices) & set(GPU_MARKERS))) or (
-            numbers is not None and lesson.number in numbers
+            numbers is not None and (lesson.number in numbers or lesson.number[:2] in numbers)  # 03: 03a, 03b
         ):
             chosen.append(lesson)
     return chosen
@@ -462,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:  # noqa: BLE001 - the report says what failed and goes on
             device.ceilings = [["ceilings not measured", f"{type(err).__name__}: {err}"]]
     WORK.mkdir(parents=True, exist_ok=True)
-    numbers = [n.zfill(2) for n in args.lessons] if args.lessons else None
+    from scripts.manifest import normalize  # here: the report imports only the standard library at its top
+
+    numbers = [normalize(n) for n in args.lessons] if args.lessons else None
     results = run_all(gpu_lessons(numbers), WORK, args.budget, LESSON_S, TEST_S)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = " ".join(["python -m scripts.gpu_report", *(sys.argv[1:] if argv is None else argv)])

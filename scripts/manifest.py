@@ -6,6 +6,7 @@ course map), so the order of the course is written down exactly once.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +15,14 @@ ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "lessons"
 MANIFEST = LESSONS / "course.toml"
 STATUSES = ("ready", "planned")
+# A lesson's number: two digits, and a letter for the parts of a lesson split in two or more
+# ("03a", "03b"). A folder starts with its number: 03a_autograd_tape.
+NUMBER = re.compile(r"\d\d[a-z]?")
 
 
 @dataclass(frozen=True)
 class Lesson:
-    number: str  # "01": two digits, the teaching order
+    number: str  # "01", or "03a" for a part: the teaching order (NUMBER)
     folder: str  # "01_tensor_views"
     title: str
     summary: str
@@ -65,12 +69,28 @@ class UnknownLesson(KeyError):
         return str(self.args[0])
 
 
-def find(number: str) -> Lesson:
-    """The lesson numbered ``number`` ("01" or "1"); UnknownLesson names the valid ones."""
-    lessons = load()
+def normalize(number: str) -> str:
+    """"3", "03", "3A" -> "03", "03", "03a": the form the manifest writes; other text unchanged."""
+    m = re.fullmatch(r"(\d{1,2})([a-zA-Z]?)", number.strip())
+    return f"{int(m[1]):02d}{m[2].lower()}" if m else number.strip()
+
+
+def order_key(number: str) -> tuple[int, str]:
+    """Sorts lesson numbers in teaching order: 03 < 03a < 03b < 04."""
+    return int(number[:2]), number[2:]
+
+
+def find(number: str, lessons: list[Lesson] | None = None) -> Lesson:
+    """The lesson numbered ``number`` ("01", "1", "03a"); UnknownLesson names the valid ones
+    (and, for the number of a lesson taught in parts, its parts)."""
+    lessons = load() if lessons is None else lessons
+    wanted = normalize(number)
     for lesson in lessons:
-        if number.strip().isdigit() and lesson.number == number.strip().zfill(2):
+        if lesson.number == wanted:
             return lesson
+    parts = [lesson.number for lesson in lessons if NUMBER.fullmatch(wanted) and lesson.number[:2] == wanted]
+    if parts:
+        raise UnknownLesson(f"lesson {wanted} is taught in parts: N is one of {', '.join(parts)}")
     valid = ", ".join(f"{lesson.number} {lesson.title}" for lesson in lessons)
     given = f"no lesson {number!r}" if number.strip() else "say which lesson with N=NN"
     raise UnknownLesson(f"{given}: N is one of {valid}")

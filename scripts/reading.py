@@ -28,9 +28,12 @@ import sourcemap
 
 READING = LESSONS / "READING.md"
 Stop = tuple[str, str, str]  # (path, text to find, what to look for there)
-CLOSING = ("Summary", "Read the source", "Mastery check", "Exercises")  # the closing cells, in order
+# The closing cells, in order; the optional ones may be left out (References is required of
+# a lesson re-cut under issue 32: tests/test_course.py).
+CLOSING = ("Summary", "Going further", "References", "Read the source", "Mastery check", "Exercises")
+OPTIONAL = ("Going further", "References")
 HEADING = re.compile(r"#{2,4}\s+(?:\d+\.\s+)?(.+?)\s*")  # "## 5. Title" -> "Title"
-REFERENCE = re.compile(r"\*(?:(\d\d) )?§ ([^*]+)\*")  # *§ Title* or *03 § Title*: a backing cell
+REFERENCE = re.compile(r"\*(?:(\d\d[a-z]?) )?§ ([^*]+)\*")  # *§ Title* or *03a § Title*: a backing cell
 QUESTION = re.compile(r"^\d+\.\s", re.M)
 REPO_PATH = re.compile(r"(?:aten|c10|torch/csrc|caffe2)/[\w/.-]+\.(?:cpp|cu|cuh|h)")
 
@@ -144,13 +147,15 @@ def section(script: Path, title: str) -> str:
 
 
 def closing_problems(lesson: Lesson) -> list[str]:
-    """What is wrong with a lesson's closing cells: Summary, Read the source, Mastery check,
-    Exercises, in this order, each a `## ` heading opening a markdown cell."""
+    """What is wrong with a lesson's closing cells: Summary, Going further (optional),
+    References (optional here), Read the source, Mastery check, Exercises, in this order,
+    each once, each a `## ` heading opening a markdown cell."""
     order = [c.source.splitlines()[0].removeprefix("## ") for c in read_cells(lesson.script)
              if c.kind == "markdown" and c.source.startswith("## ")]
     found = [title for title in order if title in CLOSING]
-    if found != list(CLOSING):
-        return [f"{lesson.folder}: closing cells {found}, expected {list(CLOSING)}"]
+    expected = [title for title in CLOSING if title in found or title not in OPTIONAL]
+    if found != expected:
+        return [f"{lesson.folder}: closing cells {found}, expected {expected}"]
     return []
 
 

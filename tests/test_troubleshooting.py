@@ -17,7 +17,7 @@ from scripts.reading import headings
 
 GUIDE = manifest.LESSONS / "TROUBLESHOOTING.md"
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")  # [text](target)
-SECTION = re.compile(r"(\d\d) § (.+)")  # the text of a link to a lesson section
+SECTION = re.compile(r"(\d\d[a-z]?) § (.+)")  # the text of a link to a lesson section
 ENTRY = re.compile(r"^### (.+)$", re.M)  # one entry per symptom
 
 # The symptoms issue 26 names (its "Course-level" part); each must head exactly one entry.
