@@ -512,6 +512,14 @@ print(f"under no_grad: grad_fn {h_nograd.grad_fn}  requires_grad {h_nograd.requi
 # saved `x`. What happens if we change `x` in place through a detached alias (lesson 01: a
 # detached tensor shares storage) before calling backward? And if we change a
 # `detach().clone()` instead?
+#
+# The third experiment of the cell uses a tool section 6 comes back to:
+# `torch.autograd.graph.saved_tensors_hooks(pack, unpack)`. Inside it, each tensor an
+# operation saves for backward goes to `pack`, autograd keeps whatever `pack` returns, and
+# at backward `unpack` turns that back into the tensor. Here both return the tensor itself:
+# autograd keeps a plain reference to `x` in place of its own saved entry (the one that
+# records `x`'s version). **Predict** too: does the same write through the alias still
+# fail then?
 
 # %%
 x = torch.tensor([3.0], requires_grad=True)
@@ -555,8 +563,8 @@ print(f"after writing a detach().clone(): grad {x.grad.item():.1f}  version of x
 # Every tensor carries a version counter, shared with its views and with the results of
 # `detach()`, and bumped by each in-place write. A node records the version of each tensor
 # it saves; at backward it compares. Writing through the alias made the saved `x` hold 6.
-# The third experiment shows what the check prevents: saved-tensor hooks (section 6) take
-# the keeping of saved tensors out of autograd's hands, and its version check with them, so
+# The third experiment shows what the check prevents: saved-tensor hooks take the keeping
+# of saved tensors out of autograd's hands, and its version check with them, so
 # the same write goes unnoticed and backward returns 12, the derivative at 6, with no
 # error. The counter turns that silent error into an exception. The full message goes on
 # with a hint to enable anomaly detection, which makes the error also name the operation
@@ -1132,7 +1140,8 @@ except RuntimeError as err:
 # Each `register_*` returns a handle; `handle.remove()` unregisters it.
 #
 # **Predict.** A hook on `x` returns `grad * 10` for `y = (2·x).sum()`. What ends up in
-# `x.grad`? After `handle.remove()`, what does a second backward add?
+# `x.grad`? After `handle.remove()`, and with `x.grad` reset to `None` (backward adds to
+# what is there), what does a second backward put in `x.grad`?
 
 # %%
 x = torch.ones(3, requires_grad=True)
@@ -1141,7 +1150,7 @@ handle = x.register_hook(lambda g: g * 10)  # edits the gradient before it is ac
 grad_hooked = x.grad.tolist()
 print(f"with the hook: x.grad {grad_hooked}")
 handle.remove()
-x.grad = None
+x.grad = None  # start again from nothing: a backward adds to .grad
 (2 * x).sum().backward()
 grad_unhooked = x.grad.tolist()
 print(f"hook removed:  x.grad {grad_unhooked}")
@@ -1207,8 +1216,9 @@ print(f"after remove(): still {len(acts)} forward and {len(grads)} backward reco
 # One forward record per block, one backward record for the hooked block; after
 # `remove()` the second pass adds nothing.
 #
-# `torch.autograd.graph.saved_tensors_hooks(pack, unpack)` goes one level deeper: `pack`
-# sees every tensor an operation saves for backward, the moment it is saved. We count the
+# `torch.autograd.graph.saved_tensors_hooks(pack, unpack)`, met in section 3, goes one level
+# deeper: `pack` sees every tensor an operation saves for backward, the moment it is saved
+# (section 4 counted them with it). We count the
 # bytes of those tensors, leaving out the parameters (a `Linear` saves its weight, as the
 # first line below shows, but the weight lives in the model anyway).
 #
