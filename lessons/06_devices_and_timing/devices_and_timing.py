@@ -986,15 +986,17 @@ print(f"MFU = {step_rate / 1e9:.1f} / {peak / 1e9:.1f} GFLOP/s = {step_rate / pe
 # That gap is what MFU measures in a real run too, where the usual thieves are waiting for
 # data, for communication, for the host (section 4), or many small kernels.
 #
-# The same arithmetic sizes a GPU run. An NVIDIA H200 has 141 GB of memory and about
-# 989 TFLOP/s of dense bf16 matmul (its datasheet; the larger figure there assumes 2:4
-# sparsity). Before asking how fast a model trains on one, check that it fits: lesson 05
-# counted 16 bytes per parameter for weights, gradients and AdamW's state in
+# The same arithmetic sizes a GPU run. NVIDIA's datasheet gives the H200 SXM "141 GB" of
+# memory and about 989 TFLOP/s of dense bf16 matmul (the larger figure there assumes 2:4
+# sparsity; the H200 NVL, a PCIe card, has lower peaks: name the part). A GPU reports its
+# memory in binary units, so the cell reads "141 GB" as 141 GiB, 151 · 10⁹ bytes
+# (unverified on a GPU). Before asking how fast a model trains on one, check that it fits:
+# lesson 05 counted 16 bytes per parameter for weights, gradients and AdamW's state in
 # mixed-precision training, before any activation.
 #
-# **Predict.** Does an 8-billion-parameter model train on one H200 this way? What MFU does
-# a 1-billion-parameter model (16 layers of width 2,048, sequences of 2,048 tokens) have
-# if it trains at 60,000 tokens per second?
+# **Predict.** Does an 8-billion-parameter model train on one H200 SXM this way? What MFU
+# does a 1-billion-parameter model (16 layers of width 2,048, sequences of 2,048 tokens)
+# have if it trains at 60,000 tokens per second?
 
 
 # %%
@@ -1003,7 +1005,9 @@ def mfu(flops_per_token, tokens_per_s, peak_flops):
     return flops_per_token * tokens_per_s / peak_flops
 
 
-H200_BYTES, H200_BF16 = 141e9, 989e12  # datasheet: memory, dense bf16 FLOP/s
+# NVIDIA H200 SXM datasheet: "141 GB" (read as GiB) and dense bf16
+H200_BYTES, H200_BF16 = 141 * 2**30, 989e12  # bytes, FLOP/s
+print(f"H200 SXM: {H200_BYTES / 2**30:.0f} GiB = {H200_BYTES / 1e9:.1f} GB, dense bf16 {H200_BF16 / 1e12:.0f} TFLOP/s")
 print(f"8e9 parameters: 16 B x 8e9 = {16 * 8e9 / 1e9:.0f} GB = {16 * 8e9 / H200_BYTES:.0%} of an H200")
 L1, D1, V1, S1, TOKENS_PER_S = 16, 2048, 50_304, 2_048, 60_000
 params = matmul_weights(L1, D1, V1) + V1 * D1  # + the input embedding (untied)
@@ -1018,14 +1022,15 @@ print(f"at 50% MFU: {0.5 * H200_BF16 / (dense + attn):,.0f} tokens/s")
 # %% [markdown]
 # Output:
 # ```text
-# 8e9 parameters: 16 B x 8e9 = 128 GB = 91% of an H200
+# H200 SXM: 141 GiB = 151.4 GB, dense bf16 989 TFLOP/s
+# 8e9 parameters: 16 B x 8e9 = 128 GB = 85% of an H200
 # L=16, d=2048: 1,011,351,552 parameters, 16 B each = 16.2 GB = 11% of an H200
 # per token at S=2,048: 6N 5.450e+09 + attention 8.053e+08 = 6.255e+09 FLOPs
 # at 60,000 tokens/s: 375 TFLOP/s, MFU 37.9%
 # at 50% MFU: 79,053 tokens/s
 # ```
 #
-# An 8-billion-parameter model needs 128 GB for its training state alone, 91% of the H200,
+# An 8-billion-parameter model needs 128 GB for its training state alone, 85% of the H200,
 # with activations still to come: it does not train on one H200 this way. Shard its state
 # across several GPUs (lesson 11's FSDP2), offload part of it to the host, or use an
 # optimizer that keeps less. The 1-billion-parameter model fits with room for activations,
