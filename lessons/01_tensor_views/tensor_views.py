@@ -16,9 +16,8 @@
 # - what "contiguous" means exactly, and when `view` works, when it fails, and what
 #   `reshape` and `contiguous()` copy;
 # - what a memory format is (`channels_last`: same shape, other strides), and which ops keep it;
-# - what the (B, S, H, D) → (B, H, S, D) transpose of attention does to memory, which op copies
-#   because of it without saying so (`q @ kᵀ`), which one reads it as it is (SDPA), and
-#   what the hidden copies cost.
+# - what the (B, S, H, D) → (B, H, S, D) transpose of attention does to memory, which op
+#   copies because of it without saying so (`q @ kᵀ`), and what the hidden copies cost.
 #
 # **Prerequisites:** Python, and tensor basics (`torch.arange`, indexing, `.shape`).
 #
@@ -602,9 +601,9 @@ print(f"view(B*H, S, D) shape {tuple(q3.shape)}  strides {q3.stride()}  "
 #
 # **Predict.** Attention's first product is the scores, `q @ kᵀ`: one (S, S) matrix per
 # batch and head. Written as `qh @ kh.transpose(-2, -1)` on the permuted views, does it
-# copy anything? And PyTorch's fused attention, `F.scaled_dot_product_attention(qh, kh, vh)`,
-# on the same views? The profiler records every ATen operator call that goes through the
-# dispatcher (lesson 02), nested ones included.
+# copy anything? The profiler records every ATen operator call that goes through the
+# dispatcher (lesson 02 looks at that layer), nested ones included: below, it lists what
+# `matmul` calls and every `copy_` it runs.
 
 
 # %%
@@ -621,18 +620,16 @@ def calls_and_copies(fn, top):
 
 
 kh = torch.randn(B, S, H * D, device=DEVICE).view(B, S, H, D).transpose(1, 2)  # (B, H, S, D) view
-vh = torch.randn(B, S, H * D, device=DEVICE).view(B, S, H, D).transpose(1, 2)  # (B, H, S, D) view
-attention_calls = {
-    "qh @ kh.transpose(-2, -1)": (lambda: qh @ kh.transpose(-2, -1), "aten::matmul"),
-    "F.scaled_dot_product_attention(qh, kh, vh)":
-        (lambda: F.scaled_dot_product_attention(qh, kh, vh), "aten::scaled_dot_product_attention"),
-}
-for name, (fn, top) in attention_calls.items():
-    calls, copied = calls_and_copies(fn, top)
-    copied_bytes = sum(math.prod(shape) * qh.element_size() for shape in copied)
-    print(f"{name}\n  {top} calls: {', '.join(calls)}")
-    into = f", into {' and '.join(map(str, copied))}: {copied_bytes} bytes" if copied else ""
-    print(f"  copies: {len(copied)}{into}")
+
+
+def scores():
+    return qh @ kh.transpose(-2, -1)  # (B, H, S, S)
+
+
+calls, copied = calls_and_copies(scores, "aten::matmul")
+copied_bytes = sum(math.prod(shape) * qh.element_size() for shape in copied)
+print(f"qh @ kh.transpose(-2, -1)\n  aten::matmul calls: {', '.join(calls)}")
+print(f"  copies: {len(copied)}, into {' and '.join(map(str, copied))}: {copied_bytes} bytes")
 
 # %% [markdown]
 # Output:
@@ -640,24 +637,21 @@ for name, (fn, top) in attention_calls.items():
 # qh @ kh.transpose(-2, -1)
 #   aten::matmul calls: expand, reshape, expand, reshape, bmm, _unsafe_view
 #   copies: 2, into (2, 3, 4, 5) and (2, 3, 5, 4): 960 bytes
-# F.scaled_dot_product_attention(qh, kh, vh)
-#   aten::scaled_dot_product_attention calls: _scaled_dot_product_flash_attention_for_cpu
-#   copies: 0
 # ```
 #
 # `matmul` is a composite op: it is written in terms of other ATen ops (lesson 02). For 4-D
 # operands it expands both to a common batch shape and reshapes them to 3-D, (B·H, S, D)
 # and (B·H, D, S), for one batched matrix multiply, `bmm`. Those reshapes merge B and H,
 # the merge that `view` refused above, so each falls back to a copy: both operands are
-# copied on every call, and nothing in the code says so. SDPA takes the permuted views as
-# they are: its CPU kernel reads `q`, `k` and `v` through their strides, and no copy op
-# runs. So swapping S and H costs nothing when the op that consumes the views accepts
-# strides, and a `.contiguous()` before SDPA would only add a copy.
+# copied on every call, and nothing in the code says so. Whether a layout costs a copy
+# depends on the op that consumes it: an op whose kernel reads its inputs through their
+# strides takes the permuted views as they are, and a `.contiguous()` before it would only
+# add a copy (lesson 07 finds such an op in PyTorch's fused attention).
 #
 # **Predict.** What do the hidden copies cost? Time `q @ kᵀ` on permuted views and on
 # inputs that are already contiguous in (B, H, S, D), with the heads of GPT-2 small (12
-# heads of size 64), 128 tokens and a batch of 4, on one thread; then SDPA the same two
-# ways, and the two copies alone. Which copy is dearer, `q`'s or `kᵀ`'s?
+# heads of size 64), 128 tokens and a batch of 4, on one thread; then the two copies
+# alone. Which copy is dearer, `q`'s or `kᵀ`'s?
 
 
 # %%
@@ -682,15 +676,14 @@ def heads(shape, gen):
 
 
 def layout_times(shape=(4, 12, 128, 64), repeats=30, clock=time.perf_counter):
-    """Scores and SDPA on permuted views and on contiguous (B, H, S, D) copies, on the CPU."""
+    """Scores on permuted views and on contiguous (B, H, S, D) copies, and the copies alone,
+    on the CPU."""
     gen = torch.Generator().manual_seed(0)
-    qv, kv, vv = (heads(shape, gen) for _ in range(3))  # (B, H, S, D) permuted views
-    qc, kc, vc = (t.contiguous() for t in (qv, kv, vv))  # (B, H, S, D) contiguous copies
+    qv, kv = (heads(shape, gen) for _ in range(2))  # (B, H, S, D) permuted views
+    qc, kc = (t.contiguous() for t in (qv, kv))  # (B, H, S, D) contiguous copies
     return fastest_ms({
         "scores, views": lambda: qv @ kv.transpose(-2, -1),
         "scores, contiguous": lambda: qc @ kc.transpose(-2, -1),
-        "sdpa, views": lambda: F.scaled_dot_product_attention(qv, kv, vv),
-        "sdpa, contiguous": lambda: F.scaled_dot_product_attention(qc, kc, vc),
         "copy of q": lambda: qv.contiguous(),  # (B, H, S, D): rows of D numbers
         "copy of k^T": lambda: kv.transpose(-2, -1).contiguous(),  # (B, H, D, S): one number at a time
     }, repeats, clock)
@@ -701,7 +694,6 @@ print("B=4 H=12 S=128 D=64, float32, one thread, fastest of 30 calls each:")
 for name, ms in times.items():
     print(f"  {name:<19} {ms:.3f} ms")
 print(f"scores: views / contiguous {times['scores, views'] / times['scores, contiguous']:.2f}")
-print(f"sdpa:   views / contiguous {times['sdpa, views'] / times['sdpa, contiguous']:.2f}")
 print(f"copies: k^T / q {times['copy of k^T'] / times['copy of q']:.2f}")
 
 # %% [markdown]
@@ -710,12 +702,9 @@ print(f"copies: k^T / q {times['copy of k^T'] / times['copy of q']:.2f}")
 # B=4 H=12 S=128 D=64, float32, one thread, fastest of 30 calls each:
 #   scores, views       «time» ms
 #   scores, contiguous  «time» ms
-#   sdpa, views         «time» ms
-#   sdpa, contiguous    «time» ms
 #   copy of q           «time» ms
 #   copy of k^T         «time» ms
 # scores: views / contiguous «ratio»
-# sdpa:   views / contiguous «ratio»
 # copies: k^T / q «ratio»
 # ```
 #
@@ -725,10 +714,8 @@ print(f"copies: k^T / q {times['copy of k^T'] / times['copy of q']:.2f}")
 # waits for two copies, and the views are slower (by how much depends on the CPU and on
 # the sizes). The copy of `kᵀ` is the dearer one: the copy of `q` moves whole rows of D
 # neighbouring numbers, the copy of `kᵀ` writes along S what it reads H·D cells apart, one
-# number at a time. SDPA on the views costs about what it costs on contiguous inputs (a
-# ratio near 1, well inside a factor of 2 either way): it calls no copy. A layout has a
-# price only where an op must copy to get the layout it needs, and the profiler is how you
-# find those places.
+# number at a time. A layout has a price only where an op must copy to get the layout it
+# needs, and the profiler is how you find those places.
 #
 # The same thing happens on the way back. Attention returns (B, H, S, D); the next linear
 # layer wants (B, S, H·D). nanoGPT writes `y.transpose(1, 2).contiguous().view(B, T, C)`:
@@ -860,9 +847,9 @@ print("saved storage_views.png")
 #   `contiguous()`, and some ops (here softmax over channels, layer norm), return row-major.
 # - Attention's (B, S, H, D) → (B, H, S, D) transpose is free, but merging dimensions
 #   afterwards needs a copy, and composite ops make it for you: `q @ kᵀ` on the permuted
-#   views copies both operands on every call, while `F.scaled_dot_product_attention` reads
-#   the views as they are. On a GPU the same comparison should give the same values and
-#   the same two copies, with the copying product slower (unverified on a GPU).
+#   views copies both operands on every call; an op that reads its inputs through their
+#   strides would not. On a GPU the same comparison should give the same values and the
+#   same two copies, with the copying product slower (unverified on a GPU).
 
 # %% [markdown]
 # ## References
@@ -880,8 +867,6 @@ print("saved storage_views.png")
 #   from any strides you give it.
 # - [`torch.Tensor.untyped_storage`](https://docs.pytorch.org/docs/2.13/generated/torch.Tensor.untyped_storage.html): the
 #   flat block of bytes under a tensor.
-# - [`torch.nn.functional.scaled_dot_product_attention`](https://docs.pytorch.org/docs/2.13/generated/torch.nn.functional.scaled_dot_product_attention.html):
-#   the fused attention of section 7 (lesson 07 teaches it).
 # - Vaswani et al., [Attention Is All You Need](https://arxiv.org/abs/1706.03762) (2017): the
 #   multi-head attention whose (B, S, H, D) layout section 7 transposes.
 
@@ -1038,15 +1023,13 @@ read_the_source([
 #    </details>
 #
 # 5. **Predict.** The heads are split and moved with `qh = q.transpose(1, 2)`, a free view.
-#    Which of `qh @ kh.transpose(-2, -1)` and `F.scaled_dot_product_attention(qh, kh, vh)`
-#    copies its inputs, and why?
+#    Does `qh @ kh.transpose(-2, -1)` copy its inputs? If so, which step copies, and why?
 #
 #    <details><summary>Answer</summary>
 #
-#    The matmul: it is a composite that reshapes both operands to 3-D for one `bmm`, which
-#    merges B and H, the merge `view` refused on these strides, so both reshapes copy
-#    (`copies: 2`, 960 bytes here). SDPA reads the views through their
-#    strides: `copies: 0` (*§ The attention layout*).
+#    Yes, both of them. `matmul` is a composite that reshapes both operands to 3-D for one
+#    `bmm`; the reshape merges B and H, the merge `view` refused on these strides, so each
+#    reshape falls back to a copy (`copies: 2`, 960 bytes here) (*§ The attention layout*).
 #
 #    </details>
 

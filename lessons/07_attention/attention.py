@@ -9,8 +9,13 @@
 #
 # **What you will learn**
 #
-# - how many score cells attention makes (B·H·S·S) and why fused kernels work in tiles;
-# - that SDPA's math backend *is* the formula, forward and backward;
+# - how many score cells attention makes (B·H·S·S), why fused kernels work in tiles, and
+#   the online softmax that normalises a row of scores it never holds whole;
+# - why the scores are divided by √d;
+# - that SDPA's math backend *is* the formula, forward and backward, and that it reads
+#   lesson 01's permuted head views without copying them;
+# - multi-head attention end to end (projections, heads, SDPA, merge), equal to
+#   `nn.MultiheadAttention`; what masks do to the attention weights, in a picture;
 # - the mask conventions (SDPA: True = keep; `MultiheadAttention`'s `key_padding_mask`:
 #   True = ignore), `is_causal`'s upper-left alignment and what a decode step needs;
 # - that `dropout_p` ignores `model.eval()`; grouped-query attention with `enable_gqa`, and
@@ -170,6 +175,121 @@ print("saved score_memory.png")
 # reading them.
 
 # %% [markdown]
+# ### The online softmax, on two chunks of keys
+#
+# How can a kernel normalise a row of scores it never holds whole? Take one query and four
+# keys with scores `[1, 2, 3, 0]` and one-number values `[10, 20, 30, 40]`, read in two
+# chunks of two keys. Keep three running numbers: the largest score seen so far `m`, the
+# sum `total` of `exp(s - m)` over the keys seen, and the output so far `acc`, the sum of
+# `exp(s - m) · v`. When a chunk brings a larger score, `m` grows, and everything summed
+# before was computed against the old `m`: multiply `total` and `acc` by
+# `exp(m_old - m_new)` and carry on. At the end, `acc / total` is the attention output.
+#
+# **Predict.** After the first chunk, what are `m`, `total` and `acc`? By what factor does
+# the second chunk rescale them? Does `acc / total` equal `softmax(scores) @ values`?
+
+
+# %%
+def online_softmax(scores, values, chunk):
+    """softmax(scores) @ values for one query, reading `chunk` keys at a time: a running
+    maximum m, a running sum total of exp(s - m) and a running output acc, both rescaled by
+    exp(m_old - m_new) whenever the maximum grows. Returns acc / total and each step's numbers."""
+    m, total, acc, steps = -math.inf, 0.0, 0.0, []
+    for start in range(0, len(scores), chunk):
+        s, v = scores[start:start + chunk], values[start:start + chunk]
+        m_new = max(m, *s)
+        rescale = math.exp(m - m_new)  # exp(-inf) = 0 on the first chunk: nothing to rescale
+        p = [math.exp(x - m_new) for x in s]  # this chunk's exponentials, against the new max
+        total = total * rescale + sum(p)
+        acc = acc * rescale + sum(pi * vi for pi, vi in zip(p, v))
+        m = m_new
+        steps.append((s, m, rescale, p, total, acc))
+    return acc / total, steps
+
+
+scores_1q, values_1q = [1.0, 2.0, 3.0, 0.0], [10.0, 20.0, 30.0, 40.0]
+out_online, online_steps = online_softmax(scores_1q, values_1q, chunk=2)
+for i, (s_, m_, rescale, p, total, acc) in enumerate(online_steps, start=1):
+    print(f"chunk {i} scores {s_}: m {m_}, rescale {rescale:.4f}, exp(s - m) {[round(x, 4) for x in p]}, "
+          f"total {total:.4f}, acc {acc:.4f}")
+direct = (torch.softmax(torch.tensor(scores_1q, dtype=torch.float64), 0) @ torch.tensor(values_1q, dtype=torch.float64)).item()
+print(f"acc / total = {out_online:.4f}; softmax(scores) @ values = {direct:.4f}; equal within 1e-12: "
+      f"{abs(out_online - direct) < 1e-12}")
+
+# %% [markdown]
+# Output:
+# ```text
+# chunk 1 scores [1.0, 2.0]: m 2.0, rescale 0.0000, exp(s - m) [0.3679, 1.0], total 1.3679, acc 23.6788
+# chunk 2 scores [3.0, 0.0]: m 3.0, rescale 0.3679, exp(s - m) [1.0, 0.0498], total 1.5530, acc 40.7024
+# acc / total = 26.2089; softmax(scores) @ values = 26.2089; equal within 1e-12: True
+# ```
+#
+# The first chunk's largest score is 2, so its keys weigh `e^(1-2) = 0.3679` and `e^0 = 1`.
+# The second chunk brings a 3: the running sum and output were measured against 2, so both
+# are multiplied by `e^(2-3) = 0.3679` before the new terms are added. The result is the
+# softmax, exactly (up to float rounding): nothing was approximated, and no step held more
+# than one chunk of scores. A fused kernel does the same with a block of queries against a
+# block of keys, `acc` a block of output rows. The exercise `tiled_attention` asks you to
+# write it for tensors.
+#
+# ### Why the scores are divided by √d
+#
+# The formula divides `q · k` by √d, d being the size of a query (and key) vector. A dot
+# product of two vectors of d independent entries with mean 0 and variance 1 is a sum of d
+# products, each of variance 1: its variance is d.
+#
+# **Predict.** For d = 16, 64 and 256, what is the variance of `q · k`, and of `q · k / √d`?
+# With d = 256, what does a softmax over 64 keys look like without the division?
+
+
+# %%
+def dot_variance(d, n=4096, gen=None):
+    """Variance of q · k over n pairs of independent standard normal d-vectors, unscaled and scaled."""
+    q, k = (torch.randn(n, d, generator=gen, dtype=torch.float64) for _ in range(2))  # (n, d)
+    dots = (q * k).sum(-1)  # (n,)
+    return dots.var().item(), (dots / math.sqrt(d)).var().item()
+
+
+def softmax_spread(scores):
+    """Rows nearly one-hot (largest probability above 0.99), mean largest probability, and
+    the median norm of each row's softmax Jacobian diag(p) - p pᵀ (how much gradient passes)."""
+    p = torch.softmax(scores, dim=-1)  # (L, S)
+    jacobian = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)  # (L, S, S)
+    top = p.max(dim=-1).values
+    return int((top > 0.99).sum()), top.mean().item(), jacobian.flatten(1).norm(dim=1).median().item()
+
+
+scale_gen = torch.Generator().manual_seed(0)  # its own stream: the cells below keep their numbers
+for d in (16, 64, 256):
+    raw, scaled = dot_variance(d, gen=scale_gen)
+    print(f"d={d:>3}: var(q·k) {raw:6.1f}, var(q·k/√d) {scaled:.2f}")
+q_s, k_s = (torch.randn(n, 256, generator=scale_gen, dtype=torch.float64) for n in (128, 64))  # (L, d), (S, d)
+spread = {"unscaled": softmax_spread(q_s @ k_s.T), "scaled": softmax_spread(q_s @ k_s.T / math.sqrt(256))}
+for name, (hot, top, jac) in spread.items():
+    print(f"{name:<8} d=256, 128 queries x 64 keys: {hot:>3} rows nearly one-hot, mean largest "
+          f"probability {top:.3f}, median Jacobian norm {jac:.3f}")
+
+# %% [markdown]
+# Output:
+# ```text
+# d= 16: var(q·k)   15.8, var(q·k/√d) 0.99
+# d= 64: var(q·k)   61.6, var(q·k/√d) 0.96
+# d=256: var(q·k)  261.7, var(q·k/√d) 1.02
+# unscaled d=256, 128 queries x 64 keys:  57 rows nearly one-hot, mean largest probability 0.891, median Jacobian norm 0.033
+# scaled   d=256, 128 queries x 64 keys:   0 rows nearly one-hot, mean largest probability 0.104, median Jacobian norm 0.177
+# ```
+#
+# The variance grows with d, as the sum of d unit-variance products predicts, and dividing
+# by √d brings it back to about 1 whatever the head size. Without the division, scores of
+# spread √256 = 16 make the softmax nearly one-hot: 57 of 128 rows put more than 99 % of
+# their weight on one key. Such a row passes almost no gradient to its scores: the
+# softmax's Jacobian, `diag(p) - p pᵀ`, is nearly zero when `p` is one-hot, and its median
+# norm is five times smaller than with the scale. With it, a head starts out spreading its
+# attention and can learn where to look. (The variance argument assumes unit-variance
+# entries; a model's q and k are whatever training makes them, and the scale keeps their
+# starting point sane.)
+
+# %% [markdown]
 # ## 2. SDPA is the formula
 #
 # `sdpa_kernel(SDPBackend.MATH)` restricts SDPA to its reference implementation, written
@@ -243,6 +363,110 @@ for backend in ("MATH", "FLASH_ATTENTION"):
 # log-sum-exp of its scores, shape (B, H, S)). From those its backward recomputes the
 # scores tile by tile, which is the recomputation of section 1.
 
+# A transformer gets its queries from one projection laid out (B, S, H·D) and swaps S and H
+# with a free view (lesson 01, *01 § The attention layout*). There, `q @ kᵀ` on those
+# permuted views copied both operands: `matmul` reshapes to 3-D for one `bmm`, and the
+# reshape cannot merge B and H on those strides.
+#
+# **Predict.** Does SDPA copy the permuted views too? And is its result the same as on
+# contiguous copies of them? The profiler (lesson 06) lists every `aten::copy_` a call runs.
+
+
+# %%
+def copies(fn):
+    """The destination shape of every `aten::copy_` that fn runs, nested calls included."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    return [tuple(e.input_shapes[0]) for e in prof.events() if e.name == "aten::copy_"]
+
+
+views = torch.Generator().manual_seed(0)  # its own stream: the cells below keep their numbers
+B1, S1, H1, D1 = 2, 4, 3, 5
+q_view, k_view, v_view = (torch.randn(B1, S1, H1 * D1, generator=views).view(B1, S1, H1, D1).transpose(1, 2)
+                          for _ in range(3))  # (B, H, S, D) views of (B, S, H*D) projections
+print(f"q @ k^T on the views: copies {copies(lambda: q_view @ k_view.transpose(-2, -1))}")
+print(f"SDPA on the views:    copies {copies(lambda: F.scaled_dot_product_attention(q_view, k_view, v_view))}")
+out_views = F.scaled_dot_product_attention(q_view, k_view, v_view)  # (B, H, S, D)
+out_copies = F.scaled_dot_product_attention(*(t.contiguous() for t in (q_view, k_view, v_view)))
+print(f"bitwise equal to SDPA on contiguous copies: {torch.equal(out_views, out_copies)}")
+merged = out_views.transpose(1, 2)  # (B, S, H, D): back to the projection's layout
+print(f"output strides {out_views.stride()}; transposed back, contiguous: {merged.is_contiguous()}")
+
+# %% [markdown]
+# Output:
+# ```text
+# q @ k^T on the views: copies [(2, 3, 4, 5), (2, 3, 5, 4)]
+# SDPA on the views:    copies []
+# bitwise equal to SDPA on contiguous copies: True
+# output strides (60, 5, 15, 1); transposed back, contiguous: True
+# ```
+#
+# The CPU flash kernel reads Q, K and V through their strides: no copy op runs, and the
+# result is the same, bit for bit, as on contiguous inputs. So a `.contiguous()` before
+# SDPA would only add a copy. Its output even comes back in the query's layout: strides
+# (60, 5, 15, 1) are a (B, H, S, D) view of (B, S, H, D) memory, so the transpose back to
+# (B, S, H·D) that the next projection needs is contiguous already, and
+# `y.transpose(1, 2).contiguous()` (lesson 01's nanoGPT line) returns `y`'s storage
+# without copying.
+
+# %% [markdown]
+# ### Multi-head attention, end to end
+#
+# A transformer layer does not call SDPA on its input. It projects each token's vector x
+# (size E) three times, to a query, a key and a value, each of size E; splits each into H
+# heads of size D = E / H (a view and a transpose, as above); runs SDPA once for all heads;
+# merges the heads back to (B, S, E); and projects the result once more. Each head attends
+# with its own slice of the projections, so different heads can look at different keys.
+# `nn.MultiheadAttention` is that layer, with the three input projections stored as one
+# (3E, E) matrix `in_proj_weight` and the last one as `out_proj`.
+#
+# **Predict.** Written by hand with the weights of an `nn.MultiheadAttention` (E = 16,
+# H = 4), in float64, how close is our output to the module's? And are its per-head
+# attention weights the softmax of our scores?
+
+
+# %%
+def multi_head_attention(x, w_in, b_in, w_out, b_out, heads):
+    """x (B, S, E) -> (B, S, E): project to q, k, v, split the heads, SDPA, merge, project."""
+    b, s, e = x.shape
+    q, k, v = (x @ w_in.T + b_in).chunk(3, dim=-1)  # each (B, S, E)
+    q, k, v = (t.view(b, s, heads, e // heads).transpose(1, 2) for t in (q, k, v))  # (B, H, S, D)
+    y = F.scaled_dot_product_attention(q, k, v)  # (B, H, S, D), laid out as (B, S, H, D)
+    y = y.transpose(1, 2).reshape(b, s, e)  # (B, S, E): a view here, the layout is already right
+    return y @ w_out.T + b_out, (q, k)
+
+
+E, H_MHA = 16, 4
+with torch.random.fork_rng(devices=[]):  # the init gets its own numbers: the cells below keep theirs
+    torch.manual_seed(1)
+    layer = nn.MultiheadAttention(E, H_MHA, batch_first=True, dtype=torch.float64)
+    x_mha = torch.randn(2, 5, E, dtype=torch.float64)  # (B, S, E)
+print(f"in_proj_weight {tuple(layer.in_proj_weight.shape)}, out_proj.weight {tuple(layer.out_proj.weight.shape)}")
+ours, (q_mha, k_mha) = multi_head_attention(x_mha, layer.in_proj_weight, layer.in_proj_bias,
+                                            layer.out_proj.weight, layer.out_proj.bias, H_MHA)
+theirs, weights = layer(x_mha, x_mha, x_mha, need_weights=True, average_attn_weights=False)
+print(f"output {tuple(ours.shape)}: max |ours - nn.MultiheadAttention| below 1e-12: "
+      f"{(ours - theirs).abs().max().item() < 1e-12}")
+probs = torch.softmax(q_mha @ k_mha.transpose(-2, -1) / math.sqrt(E // H_MHA), dim=-1)  # (B, H, S, S)
+print(f"attention weights {tuple(weights.shape)}: our softmax(q kᵀ/√D) within 1e-12: "
+      f"{(probs - weights).abs().max().item() < 1e-12}")
+
+# %% [markdown]
+# Output:
+# ```text
+# in_proj_weight (48, 16), out_proj.weight (16, 16)
+# output (2, 5, 16): max |ours - nn.MultiheadAttention| below 1e-12: True
+# attention weights (2, 4, 5, 5): our softmax(q kᵀ/√D) within 1e-12: True
+# ```
+#
+# The module is these five steps: one (3E, E) product gives q, k and v, a view and a
+# transpose give each head its (S, D) slice, SDPA runs all heads at once, and the merge
+# is free because SDPA's output already sits in (B, S, H, D) order (the revisit above).
+# The per-head weights are one (S, S) softmax per batch element and head, scaled by
+# √D with D = E / H = 4 (the head's size, not the model's). `average_attn_weights=False`
+# asks for them per head; by default the module averages them over the heads. The outputs
+# agree to rounding, not necessarily bit for bit.
+
 # %% [markdown]
 # ## 3. Masks: True means keep (and `key_padding_mask` says the opposite)
 #
@@ -310,6 +534,68 @@ print(f"SDPA with ~key_padding_mask as (B, 1, 1, S) equals MHA: {same}")
 # SDPA drops key 0 here. To keep key 0 you pass `[False, True]`. When you move code from
 # `MultiheadAttention` to SDPA, invert the padding mask (`~key_padding_mask`) and give it
 # SDPA's shape: (B, 1, 1, S), broadcast over heads and queries (the last line checks it).
+
+# %% [markdown]
+# ### A picture of the weights
+#
+# Masks act on the weights, the softmax of the scores, before they multiply V. Take six
+# tokens of one head: a causal mask (each query sees itself and the keys before it), a
+# padding mask (the last two keys are padding), and both at once, as a decoder on a padded
+# batch uses them.
+#
+# **Predict.** In each picture, which cells are exactly 0? What does every row add up to?
+
+
+# %%
+def attention_weights(q, k, keep=None):
+    """softmax(q kᵀ / √d) with the cells where keep is False removed: (L, S) for (L, d), (S, d)."""
+    scores = q @ k.T / math.sqrt(q.shape[-1])  # (L, S)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def plot_attention_weights(panels):
+    """One heat map per (title, (L, S) weights): rows are queries, columns keys."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2), squeeze=False)
+    for ax, (title, w) in zip(axes[0], panels.items()):
+        ax.imshow(w.numpy(), vmin=0, vmax=1, cmap="viridis")
+        ax.set_title(title)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+    fig.tight_layout()
+    return fig
+
+
+mask_gen = torch.Generator().manual_seed(0)  # its own stream: the cells below keep their numbers
+q6, k6 = (torch.randn(6, 8, generator=mask_gen, dtype=torch.float64) for _ in range(2))  # (S, d)
+causal_keep = torch.ones(6, 6, dtype=torch.bool).tril()  # (L, S): query i keeps keys 0..i
+not_padding = torch.tensor([True] * 4 + [False] * 2).expand(6, 6)  # (L, S): keys 4 and 5 are padding
+panels = {"causal": attention_weights(q6, k6, causal_keep), "padding": attention_weights(q6, k6, not_padding),
+          "causal + padding": attention_weights(q6, k6, causal_keep & not_padding)}
+fig = plot_attention_weights(panels)
+fig.savefig(HERE / "attention_weights.png", dpi=100)
+for title, w in panels.items():
+    print(f"{title:<16}: zero cells {int((w == 0).sum()):>2}, rows sum to 1: "
+          f"{torch.allclose(w.sum(-1), torch.ones(6, dtype=torch.float64))}")
+print("saved attention_weights.png")
+
+# %% [markdown]
+# Output:
+# ```text
+# causal          : zero cells 15, rows sum to 1: True
+# padding         : zero cells 12, rows sum to 1: True
+# causal + padding: zero cells 18, rows sum to 1: True
+# saved attention_weights.png
+# ```
+#
+# A masked cell gets weight exactly 0 (its score is `-inf`, and `exp(-inf) = 0`): 15 above
+# the diagonal of the causal picture, two columns of six in the padding one. Every row still
+# sums to 1, because the softmax normalises over the keys it keeps: a query does not lose
+# attention to a masked key, it gives it to the others. With both masks, the first four
+# queries look like the causal case, and queries 4 and 5, which are padding positions
+# themselves, may only look at keys 0 to 3. A row with every key masked would have nothing
+# to normalise over: section 7 shows what each implementation does then.
 
 # %% [markdown]
 # ## 4. `is_causal=True` is aligned to the upper left
@@ -585,8 +871,10 @@ for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
 # flash kernel; backend eligibility is per device, per build, per version. Check it with
 # the profiler rather than trusting a list (the CUDA test of this lesson does that on a GPU).
 #
-# **Predict.** The fused kernels compute in fp32 inside, whatever the input dtype. Does the
-# math reference do the same with bf16 inputs, or does it multiply and normalise in bf16?
+# **Predict.** With bf16 inputs, does the math reference multiply and normalise in bf16, or
+# in fp32? And the flash kernel, which works on blocks of keys: is its error against a
+# float64 reference smaller or larger than the math backend's? (A guess: nothing so far
+# shows what happens inside a kernel.)
 
 
 # %%
@@ -603,32 +891,45 @@ class DtypeLog(TorchDispatchMode):
         return out
 
 
-tb = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)  # (B, H, S, D)
+g = torch.Generator().manual_seed(0)  # k and v from their own stream: q, k, v independent
+qb = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)  # (B, H, S, D)
+kb, vb = (torch.randn(1, 2, 64, 64, generator=g).bfloat16() for _ in range(2))
 with sdpa_kernel(SDPBackend.MATH), DtypeLog() as log:
-    out_bf16 = F.scaled_dot_product_attention(tb, tb, tb)
+    out_bf16 = F.scaled_dot_product_attention(qb, kb, vb)
 steps = [f"{n}->{str(d).removeprefix('torch.')}" for n, d in log.ops if n in ("_to_copy", "bmm", "_safe_softmax")]
 print(f"MATH on bf16: {steps}")
-ref64 = F.scaled_dot_product_attention(tb.double(), tb.double(), tb.double())  # (B, H, S, D)
-gap_math = (out_bf16.double() - ref64).abs().max().item()
-gap_bf16 = (formula(tb, tb, tb).double() - ref64).abs().max().item()  # every step in bf16
-print(f"output {out_bf16.dtype}; max error vs float64: MATH {gap_math:.1e}, formula in bf16 {gap_bf16:.1e}")
-print(f"MATH closer to float64: {gap_math < gap_bf16}")
+with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    out_flash = F.scaled_dot_product_attention(qb, kb, vb)
+ref64 = F.scaled_dot_product_attention(qb.double(), kb.double(), vb.double())  # (B, H, S, D)
+bf16_err = {name: (out.double() - ref64).abs().mean().item()  # mean |error| against float64
+       for name, out in (("MATH", out_bf16), ("FLASH", out_flash), ("formula in bf16", formula(qb, kb, vb)))}
+print(f"output {out_bf16.dtype}; mean error vs float64: " + ", ".join(f"{k} {v:.2e}" for k, v in bf16_err.items()))
+print(f"MATH closer to float64 than the formula in bf16: {bf16_err['MATH'] < bf16_err['formula in bf16']}")
+print(f"FLASH error above MATH error: {bf16_err['FLASH'] > bf16_err['MATH']}")
 
 # %% [markdown]
 # Output:
 # ```text
 # MATH on bf16: ['_to_copy->float32', '_to_copy->float32', '_to_copy->float32', 'bmm->float32', '_safe_softmax->float32', '_to_copy->bfloat16', 'bmm->float32', '_to_copy->bfloat16']
-# output torch.bfloat16; max error vs float64: MATH «number», formula in bf16 «number»
-# MATH closer to float64: True
+# output torch.bfloat16; mean error vs float64: MATH «number», FLASH «number», formula in bf16 «number»
+# MATH closer to float64 than the formula in bf16: True
+# FLASH error above MATH error: True
 # ```
 #
 # The math backend first copies Q, K and V to fp32 (three `_to_copy`), computes the scores,
 # the softmax and the product with V in fp32, and rounds only the output back to bf16 (the
 # last `_to_copy`; the one in between is the bf16 copy of the probabilities it also
 # returns, which the second `bmm` does not use). So its error is little more than one bf16
-# rounding of the output, smaller than the formula run in bf16 throughout (the test asserts
-# at least 1.2 times smaller). The price: fp32 copies of Q, K and V and fp32 scores, twice
-# the bytes of bf16 ones. `TorchDispatchMode` (lesson 02) sees each ATen op with its result.
+# rounding of the output, smaller than the formula run in bf16 throughout. The price: fp32
+# copies of Q, K and V and fp32 scores, twice the bytes of bf16 ones. `TorchDispatchMode`
+# (lesson 02) sees each ATen op with its result; it cannot see inside the flash kernel,
+# which is one op. Its error tells what it does: larger than the math backend's, because
+# the CPU flash kernel keeps the scores, the running maximum and sum and the output in
+# fp32, but rounds each block's exponentials (the probabilities before their final
+# division) to the input dtype, bf16 here, before multiplying them by V (read from
+# `aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`). "Fused kernels compute in fp32" is
+# true of their accumulators, not of every intermediate. With q = k = v the gap vanishes:
+# comparing kernels needs independent inputs.
 #
 # **Predict.** The flash kernel is the CPU's default in every dtype above. Is it also the
 # faster of the two in every dtype? Time both on one shape, (1, 2, 128, 64), in fp32, bf16
@@ -1037,11 +1338,22 @@ n_graphs = graph_count() - graphs_before
 # ## Summary
 #
 # - Attention = softmax(QKᵀ/√d + M)·V: B·H·S·S scores (134,217,728 for two heads at
-#   S = 8192, 512 MiB in fp32). Fused kernels tile K and V with an online softmax, so they
-#   never store the scores; backward recomputes them.
+#   S = 8192, 512 MiB in fp32). Fused kernels tile K and V with an online softmax (a
+#   running max, sum and output, rescaled by exp(m_old − m_new) when the max grows: exact,
+#   not an approximation), so they never store the scores; backward recomputes them.
+# - Dividing by √d keeps var(q·k) near 1 whatever the head size; without it a large head
+#   makes the softmax nearly one-hot, and a one-hot softmax passes almost no gradient.
 # - `sdpa_kernel(SDPBackend.MATH)` gives the reference; it matches the formula, forward and
 #   gradients, within rounding in float64: check it with a bound, not `torch.equal`.
+# - Multi-head attention: one (3E, E) projection, a view and a transpose per head, one SDPA
+#   for all heads, a merge and an output projection: `nn.MultiheadAttention`, to 1e-12.
+# - On the CPU, SDPA reads lesson 01's permuted (B, H, S, D) views through their strides:
+#   no copy (where `q @ kᵀ` copies both), the same bits as on contiguous inputs, and an
+#   output already laid out for the next projection.
+# - The CPU flash kernel keeps its sums in fp32 but rounds each block's exponentials to
+#   bf16 before P·V: its bf16 error is above the math backend's.
 # - SDPA's boolean mask: True = keep. `key_padding_mask`: True = ignore. Float masks add.
+#   A masked weight is exactly 0 and each row still sums to 1 over the keys it keeps.
 # - `is_causal=True` aligns to the upper left; a decode step needs `is_causal=False` (one
 #   query) or a bottom-right mask (`causal_lower_right`).
 # - `dropout_p` is applied whatever `eval()` says: pass `0.0` at inference.
