@@ -42,7 +42,7 @@ FENCE = re.compile(r"^```.*?^```[ \t]*$", re.M | re.S)
 
 MACHINERY = re.compile(
     r"`make (?!lesson\b|exercises\b)[a-z-]+"  # a course target: `make test`, `make outputs`
-    r"|\b(?:the|this lesson's|these|its|a) tests?\b(?! of\b)|\bchecked by\b|\bthe course fails\b"
+    r"|\b(?:the|this lesson's|these|its|a|exercise) tests?\b(?! of\b)|\bchecked by\b|\bthe course fails\b"
     r"|course's (?:own )?(?:machines?|tests?|CI)\b|\bthis machine\b|machine (?:this|the) lesson was written on"
     r"|\bwritten without a GPU\b|\bno GPU was available\b|\bportability gate\b|\bsimulated CPUs?\b",
     re.I,
@@ -104,13 +104,15 @@ def teaching_cells(script: Path):
 
 
 def machinery(lesson: Lesson) -> list[str]:
-    """'cell N: «phrase» in: line' for each machinery phrase outside ALLOWED."""
+    """'cell N: «phrase» in: ...text around it...' for each machinery phrase outside ALLOWED.
+    A cell's prose is searched as one line, so that a phrase broken across lines is found."""
     found = []
     for cell in teaching_cells(lesson.script):
-        for line in prose(cell.source).splitlines():
-            for m in MACHINERY.finditer(line):
-                if not any(n == lesson.number and text in line for n, text in ALLOWED):
-                    found.append(f"cell {cell.number}: «{m[0]}» in: {line.strip()}")
+        text = " ".join(" ".join(line.split()) for line in prose(cell.source).splitlines())
+        for m in MACHINERY.finditer(text):
+            around = text[max(m.start() - 60, 0):m.end() + 60]
+            if not any(n == lesson.number and allowed in text for n, allowed in ALLOWED):
+                found.append(f"cell {cell.number}: «{m[0]}» in: ...{around}...")
     return found
 
 

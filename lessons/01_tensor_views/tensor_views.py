@@ -167,6 +167,7 @@ print(f"x[1, 0] = {x[1, 0].item()}  y[0, 1] = {y[0, 1].item()}")
 # **Predict.** Give a tensor `t` a Python attribute. Which of `t.add_(1)`, `t.t()`,
 # `t.detach()` and `t.clone()` hand you back `t` itself? Which are a new `TensorImpl` over
 # the same storage? And what does the in-place transpose `t.t_()` do to `t`'s record?
+# (Partly a guess: the cell's output shows how PyTorch answers.)
 
 
 # %%
@@ -303,8 +304,8 @@ print(f"fill_(7) works: {filled.tolist()}  storage {storage_values(filled).tolis
 #
 # Stride 0 means "do not move": every row reads the same three cells. That is how
 # broadcasting repeats a tensor without storing the copies. Several indices share one cell,
-# so most in-place ops refuse to write into it (`add_` here; `mul_` and `copy_` too, the
-# tests check): the result would depend on the order of the writes. The full message
+# so most in-place ops refuse to write into it (`add_` here; `mul_` and `copy_` refuse
+# too): the result would depend on the order of the writes. The full message
 # suggests `clone()` first. `fill_` (and `zero_`) are allowed: they write the same value
 # whichever index reaches a cell. As the exercises show, stride 0 also decides which
 # `view`s are possible.
@@ -334,7 +335,8 @@ print(f"m   {m.tolist()}")
 # **Predict.** A view remembers the tensor it was made from in `._base`. For
 # `base = torch.zeros(3, 4)`, `v1 = base[1:]` and `v2 = v1[:, 1:]`: is `v2._base` `v1` or
 # `base`? What is the `_base` of `base.detach()`, of `base.reshape(-1)`, of
-# `base.t().reshape(-1)`, and of `torch.arange(12).reshape(3, 4)`?
+# `base.t().reshape(-1)`, and of `torch.arange(12).reshape(3, 4)`? (A guess for most of
+# them: the table settles it.)
 
 
 # %%
@@ -486,6 +488,7 @@ print(f"equal values: {torch.equal(cl, img)}")
 # **Predict.** An op on a channels-last tensor returns a tensor of the same shape. Which
 # memory format does it have? Try elementwise ops, a mix with an NCHW tensor, `clone`,
 # `contiguous()`, a convolution, pooling, a softmax over the channels and a layer norm.
+# (A guess: each op decides for itself, which is the point of the table.)
 
 
 # %%
@@ -820,7 +823,7 @@ print("saved storage_views.png")
 # keeps `x`'s strides (3, 1), and so skips cells 0 and 3. Three records, one set of six
 # numbers. `storage_map` does not use the formula of section 1: it asks PyTorch which cell
 # each index reads, so the table agrees with the formula only because the formula is right.
-# The exercise tests use the same trick to check your code.
+# You can check any strided code of your own with the same trick.
 
 # %% [markdown]
 # ## Summary

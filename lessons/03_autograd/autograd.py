@@ -517,9 +517,9 @@ print(f"under no_grad: grad_fn {h_nograd.grad_fn}  requires_grad {h_nograd.requi
 # `torch.autograd.graph.saved_tensors_hooks(pack, unpack)`. Inside it, each tensor an
 # operation saves for backward goes to `pack`, autograd keeps whatever `pack` returns, and
 # at backward `unpack` turns that back into the tensor. Here both return the tensor itself:
-# autograd keeps a plain reference to `x` in place of its own saved entry (the one that
-# records `x`'s version). **Predict** too: does the same write through the alias still
-# fail then?
+# autograd's saved entry then holds what `pack` returned (`x` itself), and at backward it
+# skips the version check, since it cannot follow versions through your hooks.
+# **Predict** too: does the same write through the alias still fail then?
 
 # %%
 x = torch.tensor([3.0], requires_grad=True)

@@ -988,11 +988,11 @@ print(f"MFU = {step_rate / 1e9:.1f} / {peak / 1e9:.1f} GFLOP/s = {step_rate / pe
 #
 # The same arithmetic sizes a GPU run. NVIDIA's datasheet gives the H200 SXM "141 GB" of
 # memory and about 989 TFLOP/s of dense bf16 matmul (the larger figure there assumes 2:4
-# sparsity; the H200 NVL, a PCIe card, has lower peaks: name the part). A GPU reports its
-# memory in binary units, so the cell reads "141 GB" as 141 GiB, 151 · 10⁹ bytes
-# (unverified on a GPU). Before asking how fast a model trains on one, check that it fits:
-# lesson 05 counted 16 bytes per parameter for weights, gradients and AdamW's state in
-# mixed-precision training, before any activation.
+# sparsity; the H200 NVL, a PCIe card, has lower peaks: name the part). The cell assumes
+# the datasheet's "141 GB" means GiB, 151 · 10⁹ bytes (unverified on a GPU; the memory a
+# program can use is a little less). Before asking how fast a model trains on one, check
+# that it fits: lesson 05 counted 16 bytes per parameter for weights, gradients and AdamW's
+# state in mixed-precision training, before any activation.
 #
 # **Predict.** Does an 8-billion-parameter model train on one H200 SXM this way? What MFU
 # does a 1-billion-parameter model (16 layers of width 2,048, sequences of 2,048 tokens)

@@ -235,8 +235,8 @@ print(f"acc / total = {out_online:.4f}; softmax(scores) @ values = {direct:.4f};
 # ### Why the scores are divided by √d
 #
 # The formula divides `q · k` by √d, d being the size of a query (and key) vector. A dot
-# product of two vectors of d independent entries with mean 0 and variance 1 is a sum of d
-# products, each of variance 1: its variance is d.
+# product of two vectors of d independent entries, each with mean 0 and variance 1, is a
+# sum of d independent products, each with mean 0 and variance 1.
 #
 # **Predict.** For d = 16, 64 and 256, what is the variance of `q · k`, and of `q · k / √d`?
 # With d = 256, what does a softmax over 64 keys look like without the division?
@@ -284,7 +284,8 @@ for name, (hot, top, jac) in spread.items():
 # spread √256 = 16 make the softmax nearly one-hot: 57 of 128 rows put more than 99 % of
 # their weight on one key. Such a row passes almost no gradient to its scores: the
 # softmax's Jacobian, `diag(p) - p pᵀ`, is nearly zero when `p` is one-hot, and its median
-# norm is five times smaller than with the scale. With it, a head starts out spreading its
+# norm is here about five times smaller than with the scale (the factor depends on the
+# draw; it stays well above 1). With the scale, a head starts out spreading its
 # attention and can learn where to look. (The variance argument assumes unit-variance
 # entries; a model's q and k are whatever training makes them, and the scale keeps their
 # starting point sane.)
@@ -363,6 +364,8 @@ for backend in ("MATH", "FLASH_ATTENTION"):
 # log-sum-exp of its scores, shape (B, H, S)). From those its backward recomputes the
 # scores tile by tile, which is the recomputation of section 1.
 
+# ### Lesson 01's views, through SDPA
+#
 # A transformer gets its queries from one projection laid out (B, S, H·D) and swaps S and H
 # with a free view (lesson 01, *01 § The attention layout*). There, `q @ kᵀ` on those
 # permuted views copied both operands: `matmul` reshapes to 3-D for one `bmm`, and the
@@ -432,7 +435,7 @@ def multi_head_attention(x, w_in, b_in, w_out, b_out, heads):
     q, k, v = (x @ w_in.T + b_in).chunk(3, dim=-1)  # each (B, S, E)
     q, k, v = (t.view(b, s, heads, e // heads).transpose(1, 2) for t in (q, k, v))  # (B, H, S, D)
     y = F.scaled_dot_product_attention(q, k, v)  # (B, H, S, D), laid out as (B, S, H, D)
-    y = y.transpose(1, 2).reshape(b, s, e)  # (B, S, E): a view here, the layout is already right
+    y = y.transpose(1, 2).reshape(b, s, e)  # (B, S, E): a view after the CPU flash kernel
     return y @ w_out.T + b_out, (q, k)
 
 
@@ -440,6 +443,8 @@ E, H_MHA = 16, 4
 with torch.random.fork_rng(devices=[]):  # the init gets its own numbers: the cells below keep theirs
     torch.manual_seed(1)
     layer = nn.MultiheadAttention(E, H_MHA, batch_first=True, dtype=torch.float64)
+    for bias in (layer.in_proj_bias, layer.out_proj.bias):  # they start at 0: give them values
+        nn.init.normal_(bias)
     x_mha = torch.randn(2, 5, E, dtype=torch.float64)  # (B, S, E)
 print(f"in_proj_weight {tuple(layer.in_proj_weight.shape)}, out_proj.weight {tuple(layer.out_proj.weight.shape)}")
 ours, (q_mha, k_mha) = multi_head_attention(x_mha, layer.in_proj_weight, layer.in_proj_bias,
@@ -461,7 +466,9 @@ print(f"attention weights {tuple(weights.shape)}: our softmax(q kᵀ/√D) withi
 #
 # The module is these five steps: one (3E, E) product gives q, k and v, a view and a
 # transpose give each head its (S, D) slice, SDPA runs all heads at once, and the merge
-# is free because SDPA's output already sits in (B, S, H, D) order (the revisit above).
+# is free when the CPU flash kernel runs (the default): its output already sits in
+# (B, S, H, D) order (the revisit above). The math backend, which SDPA picks for example
+# when `dropout_p > 0`, returns (B, H, S, D) memory, and then the merge copies.
 # The per-head weights are one (S, S) softmax per batch element and head, scaled by
 # √D with D = E / H = 4 (the head's size, not the model's). `average_attn_weights=False`
 # asks for them per head; by default the module averages them over the heads. The outputs
@@ -559,11 +566,11 @@ def plot_attention_weights(panels):
     """One heat map per (title, (L, S) weights): rows are queries, columns keys."""
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2), squeeze=False)
     for ax, (title, w) in zip(axes[0], panels.items()):
-        ax.imshow(w.numpy(), vmin=0, vmax=1, cmap="viridis")
+        image = ax.imshow(w.numpy(), vmin=0, vmax=1, cmap="viridis")
         ax.set_title(title)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
-    fig.tight_layout()
+    fig.colorbar(image, ax=axes[0].tolist(), label="weight (exactly 0 where masked)")
     return fig
 
 
@@ -928,8 +935,9 @@ print(f"FLASH error above MATH error: {bf16_err['FLASH'] > bf16_err['MATH']}")
 # fp32, but rounds each block's exponentials (the probabilities before their final
 # division) to the input dtype, bf16 here, before multiplying them by V (read from
 # `aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`). "Fused kernels compute in fp32" is
-# true of their accumulators, not of every intermediate. With q = k = v the gap vanishes:
-# comparing kernels needs independent inputs.
+# true of their accumulators, not of every intermediate. With q = k = v the gap nearly
+# vanishes (each query's softmax then leans hard on its own key, so rounding the
+# exponentials costs little): comparing kernels needs independent inputs.
 #
 # **Predict.** The flash kernel is the CPU's default in every dtype above. Is it also the
 # faster of the two in every dtype? Time both on one shape, (1, 2, 128, 64), in fp32, bf16

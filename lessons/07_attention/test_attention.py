@@ -524,6 +524,9 @@ def test_flash_rounds_the_probabilities_to_bf16():
         assert flash_err > 1.1 * math_err, (math_err, flash_err)
     math_err, flash_err = errors(q, q, q)
     assert flash_err < 1.1 * math_err, (math_err, flash_err)
+    # why: with q = k = v each query's softmax leans hard on its own key
+    p = torch.softmax(q.double() @ q.double().transpose(-2, -1) / 8, dim=-1)  # (1, 2, 64, 64), 1/sqrt(64)
+    assert p.diagonal(dim1=-2, dim2=-1).mean() > 0.5
 
 
 def test_gqa_constraints(lesson):
@@ -651,7 +654,12 @@ def test_scale_keeps_the_variance_and_the_softmax_spread(lesson):
         assert 0.9 * d < raw < 1.1 * d and 0.9 < scaled < 1.1, (d, raw, scaled)
     (hot_u, top_u, jac_u), (hot_s, top_s, jac_s) = ns["spread"]["unscaled"], ns["spread"]["scaled"]
     assert hot_u > 32 and hot_s == 0 and top_u > 0.8 > 0.2 > top_s, ns["spread"]
-    assert 4 < jac_s / jac_u < 7, ns["spread"]  # "five times smaller"
+    assert 4 < jac_s / jac_u < 7, ns["spread"]  # "here about five times smaller"
+    for seed in range(1, 6):  # "the factor depends on the draw; it stays well above 1"
+        gen = torch.Generator().manual_seed(seed)
+        q, k = (torch.randn(n, 256, generator=gen, dtype=torch.float64) for n in (128, 64))
+        ratio = ns["softmax_spread"](q @ k.T / 16)[2] / ns["softmax_spread"](q @ k.T)[2]
+        assert ratio > 2, (seed, ratio)
     one_hot = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64) * 100  # a saturated row
     assert ns["softmax_spread"](one_hot)[2] < 1e-12  # its Jacobian is (nearly) zero
 
@@ -664,6 +672,15 @@ def test_multi_head_attention_is_the_module(lesson):
                                          layer.out_proj.weight, layer.out_proj.bias, H)
     theirs, weights = layer(x, x, x, need_weights=True, average_attn_weights=False)
     assert (ours - theirs).abs().max() < 1e-12 and weights.shape == (2, H, 5, 5)
+    assert layer.in_proj_bias.abs().min() > 0 and layer.out_proj.bias.abs().min() > 0  # biases tested too
+    heads = [torch.randn(2, 5, H, E // H).transpose(1, 2) for _ in range(3)]  # (B, H, S, D) views, as in the layer
+    y = torch.nn.functional.scaled_dot_product_attention(*heads)
+    assert y.transpose(1, 2).is_contiguous()  # the flash kernel's output: the merge is a view
+    with sdpa_kernel(SDPBackend.MATH):  # the math backend's: the merge copies
+        y = torch.nn.functional.scaled_dot_product_attention(*heads)
+    assert not y.transpose(1, 2).is_contiguous()
+    y = torch.nn.functional.scaled_dot_product_attention(*heads, dropout_p=0.5)  # dropout: the math backend
+    assert not y.transpose(1, 2).is_contiguous()
     torch.testing.assert_close(ns["probs"], weights, rtol=0, atol=1e-12)
     # one head only: the same layer computes a different function (the split matters)
     one_head, _ = ns["multi_head_attention"](x, layer.in_proj_weight, layer.in_proj_bias,
@@ -676,7 +693,8 @@ def test_attention_weights_figure(lesson):
     panels, causal, not_padding = ns["panels"], ns["causal_keep"], ns["not_padding"]
     keeps = {"causal": causal, "padding": not_padding, "causal + padding": causal & not_padding}
     fig = ns["plot_attention_weights"](panels)
-    axes = fig.get_axes()
+    axes = [ax for ax in fig.get_axes() if ax.get_images()]  # the panels, not the colour bar
+    assert len(fig.get_axes()) == len(panels) + 1  # one colour bar for all
     assert [ax.get_title() for ax in axes] == list(panels) == list(keeps)
     for ax, (title, w) in zip(axes, panels.items()):
         (image,) = ax.get_images()
