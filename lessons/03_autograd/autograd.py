@@ -33,7 +33,7 @@
 # **How to run:** `python lessons/03_autograd/autograd.py` or `make lesson N=03` from the
 # repository root, or open `autograd.ipynb`. Everything runs on the CPU in seconds.
 # Each printing cell is followed by an *Output* block: what it printed with the pinned
-# PyTorch (2.13.0), checked by `make test`.
+# PyTorch (2.13.0).
 
 # %%
 import inspect
@@ -287,8 +287,8 @@ print(f"gap within 2 ulps of the largest gradient: {gap_random <= 2 * ulp}")
 # results differ by at most the last bit or two of the largest values. A wrong rule (a
 # forgotten sum over a broadcast dimension, a transposed product) changes gradients by
 # amounts the size of the gradients themselves. The gap's exact value depends on your CPU's
-# kernels, so the Output block shows it as «number»; the bound is what must hold (the test
-# also checks that the gap is not 0, so that the comparison is a real one).
+# kernels, so the Output block shows it as «number»; the bound is what must hold (and the
+# gap is not 0: the two really are computed differently).
 #
 # One thing our tape does not do that PyTorch's does: free itself. PyTorch drops the
 # arrays saved for backward as soon as backward has used them (call `backward` twice on the
@@ -1585,7 +1585,7 @@ print(f"forward + backward under anomaly mode: {anomaly_ratio:.1f}x the time wit
 # ```
 #
 # The ratio depends on how fast your CPU runs the matrix products, so the Output block
-# shows it as «ratio»; the test asserts that it is above 1.5. The time is thread CPU
+# shows it as «ratio»; it stays above 1.5. The time is thread CPU
 # time, the fastest of 15 runs, so other programs on the machine barely move it. Turn
 # anomaly mode on to find a NaN or an overwritten tensor, then off again.
 

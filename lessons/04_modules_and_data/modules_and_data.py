@@ -34,7 +34,7 @@
 # the CPU in seconds, including DataLoader worker processes. It reads the small
 # corpus `data/tiny_corpus.txt` of the course repository (or a copy of that file placed in
 # this folder). Each printing cell is followed by an *Output* block: what it printed with
-# the pinned PyTorch (2.13.0), checked by `make test`.
+# the pinned PyTorch (2.13.0).
 
 # %%
 import io

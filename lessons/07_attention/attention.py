@@ -36,13 +36,13 @@
 # (`TORCHINDUCTOR_CACHE_DIR`, set by the course tools) holds the generated code. Where
 # PyTorch refuses to compile FlexAttention for the CPU (no AVX2, or macOS: Apple silicon,
 # Intel Macs, Arm Linux), that cell prints PyTorch's reason and skips. Each printing cell is
-# followed by an *Output* block: what it printed with the pinned PyTorch (2.13.0), checked
-# by `make test`; parts that depend on the machine appear there as `«time»` or `«number»`.
+# followed by an *Output* block: what it printed with the pinned PyTorch (2.13.0); parts
+# that depend on the machine appear there as `«time»` or `«number»`.
 # Run outside the course's venv, this lesson may also print PyTorch's own diagnostic lines
 # to stderr: `USDT: ... profiler_start` and `profiler_stop` around each profiler run and, on
 # a CUDA build without a GPU, `gpuGetDeviceCount failed` and `No CUDA runtime is found`.
-# They are harmless, and the course's venv (`.venv`, made by `make install` or any `make
-# lesson`) turns them off.
+# They are harmless, and the course's venv (`.venv`, made by any `make lesson`) turns them
+# off.
 
 # %%
 import contextlib
@@ -323,8 +323,8 @@ for name, a, b in zip(["out", "dQ", "dK", "dV"], (out_sdpa, *grads_sdpa), (out_r
 #
 # All four agree within float64 tolerance (`assert_close` would have raised otherwise). The
 # last digits can change with the order in which a CPU's matmul sums (its vector width, its
-# BLAS), so the errors are shown as placeholders; they are rounding-level (the test asserts
-# below 1e-12). The math backend is the formula written in plain ATen ops, so it makes a
+# BLAS), so the errors are shown as placeholders; they are rounding-level (below 1e-12).
+# The math backend is the formula written in plain ATen ops, so it makes a
 # good reference of your own: when a fused result looks odd, rerun it under `MATH`.
 #
 # **Predict.** For backward, autograd keeps tensors from the forward. Does the CPU flash
@@ -988,9 +988,8 @@ print(f"oneDNN has an fp16 matrix path for this CPU: {FP16_MATMUL}")
 # (`torch.ops.mkldnn._is_mkldnn_fp16_supported()`), True on x86 CPUs that have the fp16
 # instructions oneDNN needs (recent Xeons with AVX512-FP16, for example). Where it prints
 # False on an x86 CPU, fp16 reverses the order: the math backend is faster, at the very
-# shape where flash wins in fp32. The test asserts it there, with margins that hold on a
-# loaded machine (fp16's ratio below 0.85; fp32's above 1 and at least 1.5 times fp16's).
-# Yet the default picks the flash kernel for fp16 too (the dtype cell above). (The bf16
+# shape where flash wins in fp32 (there fp16's ratio stays below 0.85, and fp32's above 1
+# and at least 1.5 times fp16's, even on a loaded machine). Yet the default picks the flash kernel for fp16 too (the dtype cell above). (The bf16
 # row is shown for comparison, not asserted.)
 #
 # **Predict.** Why would fp16 be slow in the flash kernel and not in the math backend?
@@ -1029,8 +1028,8 @@ print(f"fp16 matmul time / fp32 matmul time {mm_slowdown:.1f}")
 # bf16 above (three `_to_copy` to float32), and both its products run in fp32, with the
 # fp32 BLAS. The flash kernel multiplies its fp16 tiles as they are (accumulating in fp32),
 # and without fp16 matrix instructions PyTorch's CPU matrix product for fp16 has no fast
-# path: the last line is a plain fp16 matmul's time over fp32's (the test asserts at least
-# 3 on x86 CPUs where the check above printed False). A fused kernel saves memory traffic;
+# path: the last line is a plain fp16 matmul's time over fp32's (at least 3 on x86 CPUs
+# where the check above printed False). A fused kernel saves memory traffic;
 # it cannot make up for slow arithmetic. So "fused is faster" is a rule of thumb, not a
 # law: on your machine, with your shapes and dtype, time the `sdpa_kernel` choices as the
 # timing cell does (alternating the two, taking medians) before trusting the default.
@@ -1053,10 +1052,9 @@ print(f"the old call ran: output {tuple(old.shape)}, "
 # It still works, with a `FutureWarning` that Python prints above the output (on stderr:
 # `torch.backends.cuda.sdp_kernel() is deprecated ...`, naming the replacement,
 # `torch.nn.attention.sdpa_kernel`, used throughout this lesson, which takes a list of
-# `SDPBackend` values instead of one flag per backend). The course fails any lesson that lets
-# a `FutureWarning` escape, except where the warning is the lesson's point: this one is, so
-# the course's manifest (`lessons/course.toml`) allows it for this lesson, with the reason
-# beside it. In your own code, replace the old call.
+# `SDPBackend` values instead of one flag per backend). A `FutureWarning` announces a
+# removal in a later release: in your own code, replace the old call (running your tests
+# with `-W error::FutureWarning` finds every such call).
 #
 # **Predict.** A query row whose keys are *all* masked: softmax of a row of `-inf` is
 # 0/0. What does the formula give, and what does SDPA give?
@@ -1308,9 +1306,9 @@ n_graphs = graph_count() - graphs_before
 # C++ compiler when the cache is empty. The other calls reuse that kernel, because only
 # tensors changed, and take milliseconds. The errors are fp32 rounding: flex and SDPA sum
 # in different orders, and those orders depend on the CPU's vector width, so the largest
-# error is a placeholder; the test asserts it stays below 1e-5. Had we passed the four
-# mask functions of section 8 instead, Dynamo would have compiled a graph for each (a slow
-# test counts them with a backend that generates no code). Timings are machine-dependent,
+# error is a placeholder; it stays below 1e-5. Had we passed the four mask functions of
+# section 8 instead, Dynamo would have compiled a graph for each (lesson 08 shows how to
+# count graphs with a backend that generates no code). Timings are machine-dependent,
 # hence the placeholders.
 #
 # The second block is what this cell prints where PyTorch refuses to compile FlexAttention
@@ -1330,17 +1328,16 @@ n_graphs = graph_count() - graphs_before
 # %% [markdown]
 # ## 10. On a GPU
 #
-# The CUDA tests of this file (`make test-gpu`) run bf16 causal attention at S = 1024 to
-# 8192 on every SDPA backend (flash, memory-efficient, cuDNN, math), report the backends
-# this GPU or build cannot run, and assert for each one that runs: its output agrees with
-# the math backend's, and its time and peak memory (`torch.cuda.max_memory_allocated`)
-# behave as its algorithm says. The math backend's extra memory grows about 4 times per
-# doubling of S (it stores the scores), a fused backend's about 2 times at most, and at
-# S = 8192 every fused backend is faster than math and uses a tenth of its memory or less.
-# They also check FlexAttention's backward on CUDA against SDPA's and a float64 reference
-# (fp32 throughout: PyTorch leaves TF32 off for matmuls by default, which the test
-# asserts). They have not been run for this version of the lesson (no GPU was available);
-# their printed table is the result to record here when one is.
+# (Unverified on a GPU: this section describes what the lesson's CUDA checks expect; they
+# have not been run for this version of the lesson.) On a CUDA GPU, bf16 causal attention
+# at S = 1024 to 8192 can run on every SDPA backend the GPU and build support (flash,
+# memory-efficient, cuDNN, math); each that runs should agree with the math backend's
+# output, and its time and peak memory (`torch.cuda.max_memory_allocated`) should behave
+# as its algorithm says: the math backend's extra memory grows about 4 times per doubling
+# of S (it stores the scores), a fused backend's about 2 times at most, and at S = 8192
+# every fused backend should be faster than math and use a tenth of its memory or less.
+# FlexAttention's backward runs on CUDA and can be compared with SDPA's and a float64
+# reference (in fp32 throughout: PyTorch leaves TF32 off for matmuls by default).
 
 # %% [markdown]
 # ## Summary
