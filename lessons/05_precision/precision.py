@@ -30,11 +30,11 @@
 # is fast on a CPU depends on its instruction set: section 4 measures it on yours. Where the
 # CPU has no 16-bit matrix instructions it can be tens of times slower than float32, so
 # every low-precision matmul here is tiny on purpose. Each printing cell is followed by an
-# *Output* block: what it printed with the pinned PyTorch (2.13.0), checked by `make test`.
+# *Output* block: what it printed with the pinned PyTorch (2.13.0).
 # Run outside the course's venv, this lesson may also print PyTorch's own diagnostic lines
 # to stderr: `USDT: ... profiler_start` and `profiler_stop` around each profiler run and, on
 # a CUDA build without a GPU, `gpuGetDeviceCount failed`. They are harmless, and the
-# course's venv (`.venv`, made by `make install` or any `make lesson`) turns them off.
+# course's venv (`.venv`, made by any `make lesson`) turns them off.
 
 # %%
 import csv
@@ -241,7 +241,7 @@ print(f"x 1024, stored, / 1024    {fmt(scaled.tolist(), '.4g')}")
 # float16 number with all 11 bits of precision, and comes back exact to 4 digits. 1e-8
 # becomes 1.02e-5: still a subnormal, but now 172 steps of 6e-8 instead of a fraction of
 # one, so it comes back 0.1% off instead of lost. Dividing by 1024 (a power of two) adds no
-# error of its own (the test checks both). A larger scale would lift 1e-8 into the normal
+# error of its own. A larger scale would lift 1e-8 into the normal
 # range too; that is what the dynamic scaler below does, starting at 65,536. In training
 # you scale the *loss*: by the chain rule every gradient is then scaled by the same factor.
 # The catch is the other end of the range: scale too much and a large gradient overflows
@@ -356,8 +356,8 @@ print(f"smallest gradient after unscaling, in every step that ran: {smallest}")
 # restarts at every overflow. Steps 5, 6, 7 are three clean steps in a row, so the scale
 # doubles *after* step 7 and step 8 runs at 32,768; step 10 completes the next run of
 # three, so step 11 runs at 65,536. A skipped step costs one batch; it does not corrupt
-# the weights, because the inf never reaches the optimizer (this lesson's test runs the
-# training step of section 5 on a batch that overflows and checks that no weight moved).
+# the weights, because the inf never reaches the optimizer: on a batch that overflows, the
+# training step of section 5 leaves every weight where it was.
 # And the 1e-8 gradient, lost in plain float16, comes out of every step that ran intact.
 
 # %% [markdown]
@@ -523,8 +523,7 @@ print(f"cross_entropy_loss decomposes into other ops (CompositeImplicitAutograd)
 # its input up before it runs. CUDA autocast has no rule for it at all: the op falls
 # through and decomposes into `log_softmax` and `nll_loss`, and CUDA's autocast has a rule
 # for each. CUDA's rules also cover `softmax` and `layer_norm`, which the CPU's do not: on
-# a GPU those two calls return float32 (this lesson's CUDA test checks it,
-# `make test-gpu`).
+# a GPU those two calls return float32 (unverified on a GPU).
 #
 # The rules differ in kind. `nll_loss` is on the plain float32 list: its input is cast up.
 # `softmax` and `log_softmax` are on a list whose rule only fills in their `dtype`
@@ -665,8 +664,8 @@ for name in ("bfloat16", "float16", "bf16 via fp32"):
 # is slower than float32 on most CPUs, tens of times: only recent server CPUs (AMX-FP16,
 # AVX512-FP16) multiply it natively, and at this size even they take one to two times as
 # long as for float32. `lscpu` lists your CPU's flags (`avx512_bf16`, `amx_bf16`,
-# `avx512_fp16`); the tests check these directions against them. On GPUs the 16-bit formats
-# are the fast ones (this lesson's CUDA test measures fp32, TF32, fp16 and bf16 matmuls).
+# `avx512_fp16`): compare them with section 4's timings. On GPUs the 16-bit formats are
+# the fast ones (unverified on a GPU).
 
 # %% [markdown]
 # ## 5. A mixed-precision training step, in order
@@ -1261,8 +1260,8 @@ print("saved formats.png")
 #   region.
 # - `torch.optim.AdamW` matches a few lines of NumPy to rounding level in float64, step
 #   after step.
-# - On a GPU, this lesson's tests time matmuls in fp32, tf32, fp16, bf16 and fp8 and check
-#   the CUDA autocast dtypes (`make test-gpu`).
+# - On a GPU the 16-bit (and fp8) matmuls are the fast ones, and CUDA autocast has its own
+#   rules, `softmax` and `layer_norm` in float32 among them (unverified on a GPU).
 
 # %% [markdown]
 # ## Read the source
