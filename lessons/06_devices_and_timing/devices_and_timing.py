@@ -32,12 +32,12 @@
 # lesson N=06` from the repository root, or open `devices_and_timing.ipynb`. It runs on the
 # CPU, within the lesson's budget of 30 seconds on a shared 2-core machine. Timings change
 # from run to run: the *Output* blocks write them as placeholders such as `«time»` and
-# `«rate»`, and `make test` checks everything else. The GPU measurements run with `make
-# test-gpu` on a machine that has one. Run outside the course's venv, this lesson may also
+# `«rate»`; everything else prints as shown. The GPU sections say what a GPU would show
+# (unverified on a GPU). Run outside the course's venv, this lesson may also
 # print PyTorch's own diagnostic lines to stderr: `USDT: ... profiler_start` and
 # `profiler_stop` around each profiler run and, on a CUDA build without a GPU,
 # `gpuGetDeviceCount failed` and `No CUDA runtime is found`. They are harmless, and the
-# course's venv (`.venv`, made by `make install` or any `make lesson`) turns them off.
+# course's venv (`.venv`, made by any `make lesson`) turns them off.
 
 # %%
 import json
@@ -248,11 +248,10 @@ print(f"sync / no sync {med['sync'] / med['no sync']:.0f}")
 # times a 4096² matmul both ways). With it, the clock reads the 5 ms of device time (plus
 # the sleep's wake-up, a fraction of a millisecond). Four launches in a row cost the host
 # four launches, and the device works through them back to back: 20 ms at the
-# synchronize. The test checks the ratios: the unsynchronised median below a tenth of the
-# work, the synchronised ones at least 1× and 4× the work. So: synchronise before reading
-# a clock, and never inside the work you time, or the device idles while Python launches
-# the next call. Exercise 3 and its tests use the same queue with a fake clock, which
-# makes every reading exact.
+# synchronize: the unsynchronised median is below a tenth of the work, the synchronised
+# ones at least 1× and 4× the work. So: synchronise before reading a clock, and never
+# inside the work you time, or the device idles while Python launches the next call.
+# Exercise 3 uses the same queue with a fake clock, which makes every reading exact.
 
 # %% [markdown]
 # ## 3. Honest timing: warm-up, repeats, the median
@@ -343,8 +342,8 @@ print(f"one call held up 50 ms: median {statistics.median(stalled) * 1e3:.3f} ms
 # ```
 #
 # The max holds the 50 ms; the mean carries a 21st of it (2.4 ms), on top of whatever else
-# disturbed the run; the median is still the median of the undisturbed calls (the test
-# checks that it stays below half the max). That is why the median is
+# disturbed the run; the median is still the median of the undisturbed calls (below half
+# the max). That is why the median is
 # the number to report, with the number of runs, and why a difference of a few percent
 # between two medians is noise until it holds over several runs of the whole measurement.
 #
@@ -378,11 +377,11 @@ print(f"64x64 matmul: blocks of {meas64.number_per_run} calls, median {meas64.me
 # 64x64 matmul: blocks of «number» calls, median «time» us
 # ```
 #
-# The two medians agree to within the noise of a shared machine (the test allows a factor of
-# 2 either way: the two ran at different moments). `blocked_autorange` chose how many calls
+# The two medians agree to within the noise of a shared machine (within a factor of 2
+# either way: the two ran at different moments). `blocked_autorange` chose how many calls
 # to group per measurement by itself: one call of a 512² matmul already lasts milliseconds,
-# so blocks stay small; a 64² matmul lasts microseconds, and its blocks hold far more calls
-# (the test checks that they are larger). The IQR (the spread of the middle half of the
+# so blocks stay small; a 64² matmul lasts microseconds, and its blocks hold far more
+# calls. The IQR (the spread of the middle half of the
 # measurements) is the honest error bar to quote with the median. Both timings pass `out=c`:
 # a fresh 1 MiB output per call would add the allocator's work to what we measure (and, for
 # outputs of tens of MiB, page faults as each fresh output is mapped into memory: lesson 08
@@ -566,8 +565,8 @@ print(f"aten::mm + aten::addmm: {100 * matmul / total:.1f}% of self CPU time")
 # of calls instead, because those counts are the same on every run while the time ranking
 # can shuffle its small entries. The most frequent ops are views and bookkeeping (`t`,
 # `transpose`, `as_strided`: new metadata, no data moved) and the SGD update's `add_`; the
-# time is elsewhere: the two matmul ops take most of it (the test checks more than half; one
-# preemption by another process can land in any op and move the share), since each linear
+# time is elsewhere: the two matmul ops take most of it (more than half; one preemption by
+# another process can land in any op and move the share), since each linear
 # layer runs one `addmm` forward and up to two `mm` backward. Read a profile both ways:
 # *counts* tell you what your code asked for (e.g. how many host reads per step), *self
 # time* where the time went.
@@ -688,8 +687,8 @@ print(" <- ".join(frames))
 # built-in `F.linear` dispatched, called by `Linear.forward`, called by `Module._call_impl`
 # (what `module(x)` runs), inside the `Linear` module (the profiler names modules by class
 # and number), inside `Sequential.forward` and its module, inside our `forward` region.
-# Exported as a Chrome trace, the same frames appear as bars above each op (the test
-# checks), which is how a slow op in a large model is traced back to the line of model
+# Exported as a Chrome trace, the same frames appear as bars above each op, which is how a
+# slow op in a large model is traced back to the line of model
 # code that issued it.
 
 # %% [markdown]
@@ -979,8 +978,8 @@ print(f"MFU = {step_rate / 1e9:.1f} / {peak / 1e9:.1f} GFLOP/s = {step_rate / pe
 # MFU = «rate» / «rate» GFLOP/s = «number»%
 # ```
 #
-# No: the step runs below its large products' rate (the test checks that the median ratio of
-# the pairs, which a busy machine disturbs least, is under 1.1, a margin for noise). They
+# No: the step runs below its large products' rate (the median ratio of the pairs, which a
+# busy machine disturbs least, is under 1.1, a margin for noise). They
 # hold 97% of its counted FLOPs, but the step also runs three thin products (one side of 10)
 # and the bias adds, ReLU, loss and SGD update, which take time for few or no counted FLOPs.
 # That gap is what MFU measures in a real run too, where the usual thieves are waiting for
@@ -1146,10 +1145,10 @@ for name, (flops, nbytes, seconds) in points.items():
 # byte, far right of the ridge point. Its roof is the flat peak: it reaches the share of
 # the (estimated) peak that section 7 measured, while its bytes would allow 170 times the
 # bandwidth, far more; arithmetic limits it. The chain does 1 FLOP per 8 bytes, far left:
-# it runs near the slope (the test checks within a factor of 5 of it), limited by memory,
+# it runs near the slope (within a factor of 5 of it), limited by memory,
 # whatever the core's peak. The 16² matmul has a middling intensity, but 8,192 FLOPs take
 # less than 3 times as long as a 1×1 matmul: its time is the call, not the arithmetic or
-# the bytes, and it sits far below both roofs (under half, the test checks).
+# the bytes, and it sits far below both roofs (under half of either).
 # (The regime is decided from the intensity against the ridge, and for overhead from the
 # time against a 1×1 call, so the words are the same on every machine; the percentages
 # are yours.)
@@ -1195,8 +1194,7 @@ print("saved roofline.png")
 # ## 9. Memory on a GPU: pinned copies and the caching allocator
 #
 # Two mechanisms decide how fast data reaches a GPU and how much memory a run appears to
-# take. Both need a GPU to show; this lesson's CUDA tests measure them (`make test-gpu`,
-# and the GPU report records their figures).
+# take. Both need a GPU to show (unverified on a GPU).
 #
 # **Pinned memory.** An ordinary host tensor lives in *pageable* memory, which the
 # operating system may move or swap. A GPU's copy engine reads host memory directly, so it
@@ -1220,7 +1218,7 @@ print(f"torch.randn(4).is_pinned(): {torch.randn(4).is_pinned()}")
 # ```
 #
 # Pinning is explicit (`x.pin_memory()`, `torch.empty(..., pin_memory=True)`), and it
-# needs an accelerator: on a machine without one, `pin_memory()` raises (the test checks).
+# needs an accelerator: on a machine without one, `pin_memory()` raises.
 # Pinned memory cannot be paged out, so it comes out of what the whole machine has: pin
 # the buffers you copy from, not everything. The CUDA test `test_cuda_pinned_copies`
 # copies 256 MiB: it checks that a non-blocking copy from pinned memory returns before the
@@ -1250,8 +1248,8 @@ print(f"torch.randn(4).is_pinned(): {torch.randn(4).is_pinned()}")
 # snapshot* tells you what held it: `torch.cuda.memory._record_memory_history()` starts
 # recording every allocation with its Python stack, `torch.cuda.memory._snapshot()` returns
 # the segments, blocks and recorded events, and `torch.cuda.memory._dump_snapshot(path)`
-# writes a file that <https://pytorch.org/memory_viz> draws as a timeline
-# (`test_cuda_memory_snapshot` finds its own 64 MiB tensor in one, with the test's line).
+# writes a file that <https://pytorch.org/memory_viz> draws as a timeline, each block with
+# the Python line that allocated it.
 
 # %% [markdown]
 # ## Summary
