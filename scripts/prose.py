@@ -1,7 +1,7 @@
 """The size and the voice of a lesson's prose, and the form of its References.
 
     python -m scripts.prose            # every ready lesson: words, machinery phrases, references
-    python -m scripts.prose 03a        # one lesson, with each phrase's cell and line
+    python -m scripts.prose 03a        # one lesson, with each problem (a phrase: its cell and text)
 
 A lesson's *main path* is its markdown from the opening cell through the Summary cell, fenced
 blocks (Output blocks, a shell command) left out: at most WORDS_MAIN words, about 45 minutes
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from scripts.checker import read_cells
 from scripts.manifest import ROOT, Lesson, find, ready
-from scripts.reading import CLOSING
+from scripts.reading import CLOSING, section
 
 WORDS_MAIN = 3600
 WORDS_GOING_FURTHER = 1200
@@ -109,9 +109,11 @@ def machinery(lesson: Lesson) -> list[str]:
     found = []
     for cell in teaching_cells(lesson.script):
         text = " ".join(" ".join(line.split()) for line in prose(cell.source).splitlines())
+        excused = [range(i, i + len(allowed)) for n, allowed in ALLOWED if n == lesson.number
+                   for i in (j.start() for j in re.finditer(re.escape(allowed), text))]
         for m in MACHINERY.finditer(text):
-            around = text[max(m.start() - 60, 0):m.end() + 60]
-            if not any(n == lesson.number and allowed in text for n, allowed in ALLOWED):
+            if not any(m.start() in span and m.end() - 1 in span for span in excused):
+                around = text[max(m.start() - 60, 0):m.end() + 60]
                 found.append(f"cell {cell.number}: «{m[0]}» in: ...{around}...")
     return found
 
@@ -163,8 +165,7 @@ def reference_problems(markdown: str, release: str) -> list[str]:
 
 def references(lesson: Lesson) -> str:
     """The References cell's markdown ('' if none)."""
-    return next((c.source for c in read_cells(lesson.script) if c.kind == "markdown"
-                 and heading(c.source) == "References"), "")
+    return section(lesson.script, "References")
 
 
 def problems(lesson: Lesson, release: str | None = None) -> list[str]:

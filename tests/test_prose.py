@@ -91,3 +91,14 @@ def test_reference_problems():
 
 def test_pinned_release_is_the_pin():
     assert prose.pinned_release() == "2.13"
+
+
+def test_allowed_excuses_only_its_own_text(tmp_path, monkeypatch):
+    text = SCRIPT.replace("# six seven", "# Here the test of your code is `make exercises`, and the test asserts it.")
+    lesson = lesson_at(tmp_path, monkeypatch, text)
+    monkeypatch.setattr(prose, "ALLOWED", {("99", "the test asserts it"): "a reason"})
+    assert prose.machinery(lesson) == []
+    monkeypatch.setattr(prose, "ALLOWED", {("98", "the test asserts it"): "another lesson's"})
+    assert len(prose.machinery(lesson)) == 1
+    monkeypatch.setattr(prose, "ALLOWED", {("99", "Here"): "elsewhere in the cell"})
+    assert len(prose.machinery(lesson)) == 1

@@ -318,7 +318,7 @@ def test_mfu(lesson):
     L, d, V, S = ns["L1"], ns["D1"], ns["V1"], ns["S1"]
     assert params == L * 12 * d**2 + 2 * d * V  # two vocabulary matrices
     assert dense == 6 * (L * 12 * d**2 + d * V) and attn == 12 * L * d * S  # no embedding in N
-    assert ns["H200_BYTES"] == 141 * 2**30  # the datasheet's "141 GB" read as the GPU reports it: GiB
+    assert ns["H200_BYTES"] == 141 * 2**30  # the lesson's reading of the datasheet's "141 GB": GiB
     assert 16 * params < 0.2 * ns["H200_BYTES"] and 0.8 < 16 * 8e9 / ns["H200_BYTES"] < 0.9  # 8B: 85%, no room
     rate = (dense + attn) * ns["TOKENS_PER_S"]  # FLOP/s the model does
     assert mfu(dense + attn, ns["TOKENS_PER_S"], ns["H200_BF16"]) == pytest.approx(rate / ns["H200_BF16"])

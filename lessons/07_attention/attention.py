@@ -909,7 +909,7 @@ with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
     out_flash = F.scaled_dot_product_attention(qb, kb, vb)
 ref64 = F.scaled_dot_product_attention(qb.double(), kb.double(), vb.double())  # (B, H, S, D)
 bf16_err = {name: (out.double() - ref64).abs().mean().item()  # mean |error| against float64
-       for name, out in (("MATH", out_bf16), ("FLASH", out_flash), ("formula in bf16", formula(qb, kb, vb)))}
+            for name, out in (("MATH", out_bf16), ("FLASH", out_flash), ("formula in bf16", formula(qb, kb, vb)))}
 print(f"output {out_bf16.dtype}; mean error vs float64: " + ", ".join(f"{k} {v:.2e}" for k, v in bf16_err.items()))
 print(f"MATH closer to float64 than the formula in bf16: {bf16_err['MATH'] < bf16_err['formula in bf16']}")
 print(f"FLASH error above MATH error: {bf16_err['FLASH'] > bf16_err['MATH']}")
@@ -989,7 +989,8 @@ print(f"oneDNN has an fp16 matrix path for this CPU: {FP16_MATMUL}")
 # instructions oneDNN needs (recent Xeons with AVX512-FP16, for example). Where it prints
 # False on an x86 CPU, fp16 reverses the order: the math backend is faster, at the very
 # shape where flash wins in fp32 (there fp16's ratio stays below 0.85, and fp32's above 1
-# and at least 1.5 times fp16's, even on a loaded machine). Yet the default picks the flash kernel for fp16 too (the dtype cell above). (The bf16
+# and at least 1.5 times fp16's, even on a loaded machine). Yet the default picks the
+# flash kernel for fp16 too (the dtype cell above). (The bf16
 # row is shown for comparison, not asserted.)
 #
 # **Predict.** Why would fp16 be slow in the flash kernel and not in the math backend?
@@ -1328,15 +1329,14 @@ n_graphs = graph_count() - graphs_before
 # %% [markdown]
 # ## 10. On a GPU
 #
-# (Unverified on a GPU: this section describes what the lesson's CUDA checks expect; they
-# have not been run for this version of the lesson.) On a CUDA GPU, bf16 causal attention
-# at S = 1024 to 8192 can run on every SDPA backend the GPU and build support (flash,
-# memory-efficient, cuDNN, math); each that runs should agree with the math backend's
-# output, and its time and peak memory (`torch.cuda.max_memory_allocated`) should behave
-# as its algorithm says: the math backend's extra memory grows about 4 times per doubling
-# of S (it stores the scores), a fused backend's about 2 times at most, and at S = 8192
-# every fused backend should be faster than math and use a tenth of its memory or less.
-# FlexAttention's backward runs on CUDA and can be compared with SDPA's and a float64
+# (Unverified on a GPU: what follows is what a GPU run should show.) On a CUDA GPU, bf16
+# causal attention at S = 1024 to 8192 can run on every SDPA backend the GPU and build
+# support (flash, memory-efficient, cuDNN, math); each that runs should agree with the math
+# backend's output, and its time and peak memory (`torch.cuda.max_memory_allocated`) should
+# behave as its algorithm says: the math backend's extra memory grows about 4 times per
+# doubling of S (it stores the scores), a fused backend's about 2 times at most, and at S =
+# 8192 every fused backend should be faster than math and use a tenth of its memory or
+# less. FlexAttention's backward runs on CUDA and can be compared with SDPA's and a float64
 # reference (in fp32 throughout: PyTorch leaves TF32 off for matmuls by default).
 
 # %% [markdown]

@@ -223,9 +223,10 @@ def remeasured(ns, x, t, ways, burst, holds=lambda t: t["compiled"] <= 1.5 * t["
 def fresh_mapping_ms(ways, pages, rounds=8):
     """Fastest ms of each of `ways` over the calls that page-faulted at least half of `pages`
     (Linux): calls whose result got a fresh mapping. glibc usually maps a 64 MiB result
-    afresh, but a free block that large left inside the heap by earlier work in the process
-    (a test worker has run other lessons first) serves a call with no faults at all; a claim
-    about fresh results compares such calls only. {name: (ms or inf, calls that faulted)}."""
+    afresh, but a suite run once had a 64 MiB clone as fast as copy_, a call that mapped no
+    new pages (which memory served it was not found; a test worker has run other lessons
+    first); a claim about fresh results compares such calls only.
+    {name: (ms or inf, calls that faulted)}."""
     best = {name: (float("inf"), 0) for name in ways}
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform == "linux" else None
     for _ in range(rounds):
