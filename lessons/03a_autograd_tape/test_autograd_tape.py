@@ -1,9 +1,8 @@
-"""Tests of lesson 03: documented outputs, the lesson's key values (tape vs PyTorch, graph
-sizes, version counters, custom Functions, hooks, saved bytes, accumulation), its figure, and
-the exercises (against PyTorch on random cases)."""
+"""Tests of lesson 03a: documented outputs, the lesson's key values (tape vs PyTorch, XOR
+training and its figure, graph sizes and saved tensors, version counters, the no_grad trap,
+zero_grad, gradcheck's precision), and the tape exercise (against PyTorch on random cases)."""
 
 import inspect
-import re
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from scripts.checker import read_cells
-
 
 def test_script_outputs(lesson):
     lesson.check()
@@ -58,6 +56,29 @@ def test_random_networks_agree_to_rounding(lesson):
     assert 0 < gap <= 2 * ns["ulp"]
     gap_1, g_max_1 = ns["largest_gap"](n_cases=30, seed=1)
     assert gap_1 <= 2 * np.spacing(g_max_1)
+
+
+def test_the_gap_comes_from_matmul_and_sigmoid(lesson):
+    """The printed "bitwise equal True" with PyTorch's matmul and sigmoid swapped in, and that
+    both are needed (the Summary: not bit for bit because the libraries round some sums and
+    products differently). Measured on AVX-512, AVX2 and no-vector kernels alike: the gap
+    4.4e-16 (8.9e-16 without vectors) with our tape; 2.2e-16 (2.8e-16) with PyTorch's matmul
+    alone, still 4.4e-16 with its sigmoid alone; 0 with both."""
+    ns = lesson.ns
+    T = ns["Tensor"]
+    assert ns["gap_swapped"] == 0
+    assert (T.__matmul__, T.bce_with_logits) == ns["tape_ops"]  # the lesson put its tape back
+    assert T.__matmul__ is not ns["matmul_by_torch"]
+    gaps = {}
+    for name, attr in (("matmul", "__matmul__"), ("sigmoid", "bce_with_logits")):
+        swapped = {"matmul": ns["matmul_by_torch"], "sigmoid": ns["bce_by_torch"]}[name]
+        original = getattr(T, attr)
+        setattr(T, attr, swapped)
+        try:
+            gaps[name] = ns["largest_gap"]()[0]
+        finally:
+            setattr(T, attr, original)
+    assert gaps["matmul"] > 0 and gaps["sigmoid"] > 0, gaps  # each one alone leaves a gap
 
 
 def test_xor_training(lesson):
@@ -174,139 +195,6 @@ def test_gradcheck_precision(lesson):
     assert err[torch.float64] < 1e-9 < 1e-2 < err[torch.float32]
     assert ns["ok"] is True and ns["ok32"] is False
     assert ns["GC_DEFAULTS"] == {"eps": 1e-6, "atol": 1e-5, "rtol": 1e-3}  # the prose's values
-    assert ns["gc_wrong"] is False  # a backward missing a term is rejected
-
-
-def test_vector_jacobian_product_and_second_derivative(lesson):
-    ns = lesson.ns
-    v, jac = ns["v3"], ns["jac"]
-    assert jac.tolist() == [[2.0, 1.0, 0.0], [0.0, 3.0, 2.0], [3.0, 0.0, 1.0]]
-    assert ns["vjp"].tolist() == (v @ jac).tolist() == ns["x3"].grad.tolist() == [302.0, 31.0, 120.0]
-    assert (ns["d1"].item(), ns["d2"].item()) == (27.0, 18.0)  # 3x^2 and 6x at x = 3
-    assert ns["d1"].requires_grad and not ns["d1_plain"].requires_grad
-    assert len(ns["jac_passes"]) == len(v) == 3  # jacobian: one backward pass per output entry
-    assert ns["saved_by_backward"](False) == 0 < ns["saved_by_backward"](True)
-
-
-def test_per_sample_gradients(lesson):
-    ns = lesson.ns
-    per_sample, weights = ns["per_sample"], ns["weights"]
-    for k, w in weights.items():
-        assert per_sample[k].shape == (8, *w.shape)
-    assert ns["vmap_gap"] <= 4 * np.spacing(ns["vmap_scale"])  # the printed bound
-    assert ns["sample_calls"] == [(5,)]  # vmap ran the function once, on one sample's shape
-    assert ns["sum_gap"] < 1e-13  # the printed bound
-    # summed over the batch: the gradient of the summed loss
-    mlp = ns["mlp"]
-    mlp.zero_grad()
-    F.mse_loss(mlp(ns["xs8"]), ns["ys8"], reduction="sum").backward()
-    for k, p in mlp.named_parameters():
-        torch.testing.assert_close(per_sample[k].sum(0), p.grad, rtol=1e-12, atol=1e-14)
-
-
-def test_gelu_function_and_ste(lesson):
-    ns = lesson.ns
-    x = torch.linspace(-8, 8, 101, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(ns["TanhGELU"].apply, (x,))
-    torch.testing.assert_close(ns["g_ours"], ns["g_ref"], rtol=1e-12, atol=1e-14)
-    assert ns["gelu_gap"] < 1e-15 and ns["gelu_grad_gap"] < 1e-15  # the printed bounds
-    ref, g_ref = ns["ref"], ns["g_ref"]  # the ranges the prose gives for the bound's scale
-    assert (round(ref.min().item(), 2), round(ref.max().item(), 2)) == (-0.16, 6.0)
-    assert (round(g_ref.min().item(), 2), round(g_ref.max().item(), 2)) == (-0.13, 1.13)
-    # "float64 spacing is 2.2e-16 at 1, 8.9e-16 at 4 to 8"; 1e-15 is a few of those
-    assert f"{np.spacing(1.0):.1e}" == "2.2e-16" and np.spacing(4.0) == np.spacing(7.99) == 2.0**-50
-    assert f"{2.0**-50:.1e}" == "8.9e-16" and ns["gelu_grad_gap"] <= 4 * np.spacing(1.13)
-    assert ns["g_ste"].tolist() == [3.0] * 4 and ns["g_true"].tolist() == [0.0] * 4
-    assert ns["RoundSTE"].apply(ns["xs"]).tolist() == [0.0, 1.0, 1.0, -2.0]
-
-
-def test_custom_function_contracts(lesson):
-    ns = lesson.ns
-    assert ns["dirty_grads"] == {False: [5.0] * 3, True: [10.0] * 3}  # 10 is d(5 * 2a)/da
-    x = torch.ones(2, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(RuntimeError, match="invalid gradient at index 0"):
-        ns["Third"].apply(x, "shape").sum().backward()
-    ns["Third"].apply(x, "dtype").sum().backward()  # cast to float64 silently
-    assert x.grad.dtype == torch.float64 and x.grad[0].item() == float(np.float32(1 / 3))
-    y = torch.ones(2, dtype=torch.float64, requires_grad=True)
-    ns["Third"].apply(y, None).sum().backward()
-    assert y.grad[0].item() == 1 / 3  # the right backward, for contrast
-    with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
-        ns["FirstTwo"].apply(torch.ones(3, requires_grad=True).clone()).add_(1)
-
-
-def test_hooks(lesson):
-    ns = lesson.ns
-    B, D = ns["BATCH"], ns["D"]
-    assert ns["acts"] == [(B, D)] * len(ns["blocks"])
-    assert ns["grads"] == [((B, D), (B, D))]
-    assert ns["grad_hooked"] == [20.0] * 3 and ns["grad_unhooked"] == [2.0] * 3  # the x10 hook
-    assert not ns["blocks"][-1]._forward_hooks and not ns["blocks"][-1]._backward_hooks
-
-
-def test_saved_bytes(lesson):
-    ns = lesson.ns
-    B, D, HID, n = ns["BATCH"], ns["D"], ns["HID"], len(ns["blocks"])
-    per_block = (B * D + 2 * B * HID) * 4  # Linear input, GELU input, GELU output: float32
-    assert ns["bytes_full"] == n * per_block + B * D * 4  # + the input of pow
-    assert ns["bytes_ckpt"] == (n + 1) * B * D * 4  # each block's input + the input of pow
-    assert ns["bytes_nograd"] == 0 and ns["ckpt_identical"] is True
-    # the Linear weights but the first (its input needs no gradient), and no bias
-    assert ns["params_full"] == 2 * n - 1 and len(list(ns["blocks"].parameters())) == 4 * n
-
-
-def test_reentrant_checkpoint_cuts_the_graph(lesson):
-    run = lesson.ns["checkpointed_first_block"]
-    assert run(use_reentrant=False) == (True, [])
-    needs_grad, messages = run(use_reentrant=True)
-    assert not needs_grad and any("Gradients will be None" in m for _, m in messages)
-    left_out = [c for c, m in run()[1] if m.startswith("torch.utils.checkpoint: the use_reentrant")]
-    assert left_out == ["UserWarning"]  # in 2.13.0 it still only warns
-
-
-def test_figure_shows_saved_bytes(lesson):
-    ns = lesson.ns
-    fig = ns["plot_saved_bytes"](ns["SAVED"])
-    (ax,) = fig.get_axes()
-    heights = [p.get_height() for p in ax.patches]
-    assert heights == [v / 1024 for v in ns["SAVED"].values()]
-    assert [t.get_text() for t in ax.get_xticklabels()] == list(ns["SAVED"])
-    assert [t.get_text() for t in ax.texts] == [f"{v / 1024:.0f} KiB" for v in ns["SAVED"].values()]
-    assert "KiB" in ax.get_ylabel()
-    assert (ns["HERE"] / "saved_bytes.png").is_file()
-
-
-def test_token_weighted_accumulation(lesson):
-    ns = lesson.ns
-    assert ns["gap_tokens"] < 1e-13 < 0.1 < ns["gap_means"]
-    # the prose: averaging means weighs a token of the 2-token micro-batch 6x one of the 12
-    c = ns["COUNTS"]
-    assert (1 / c[2]) / (1 / c[3]) == 6
-
-
-def test_finding_the_nan(lesson):
-    ns = lesson.ns
-    grads_finite = {n: p.grad.isfinite().all().item() for n, p in ns["net"].named_parameters()}
-    assert grads_finite == {"0.weight": False, "0.bias": False, "2.weight": True, "2.bias": True}
-    assert ns["loss_nan"].isfinite() and ns["found_nan"] == ["1 (SafeSqrt)"]
-    error, note = ns["under_anomaly"](lambda: ns["nan_loss"]().backward())
-    assert error == "Function 'SqrtBackward0' returned nan values in its 0th output."
-    assert "Error detected in SqrtBackward0" in note and ns["last_frame"](note) == "sqrt_where_positive"
-    error, note = ns["under_anomaly"](ns["overwritten_saved_tensor"])
-    assert "modified by an inplace operation" in error and "Error detected in MulBackward0" in note
-    # the traceback's last line is `y = x * x`, two lines below the def, not the write below it
-    (line,) = re.findall(r"line (\d+), in overwritten_saved_tensor", note)
-    assert int(line) == ns["overwritten_saved_tensor"].__code__.co_firstlineno + 2
-    assert not torch.is_anomaly_enabled()  # the lesson left it off
-    # the fix the prose gives: clamp the input, and every gradient is finite
-    h = torch.tensor([-1.0, 0.0, 4.0], requires_grad=True)
-    torch.where(h > 0, torch.sqrt(h.clamp(min=1e-12)), 0.0).sum().backward()
-    assert h.grad.isfinite().all()
-
-
-def test_anomaly_mode_costs_time(lesson):
-    """Thread CPU time, fastest of 15: the ratio holds on a loaded machine (4 measured)."""
-    assert lesson.ns["anomaly_ratio"] > 1.5
 
 
 # ----------------------------------------------------------------------------------------
@@ -516,125 +404,11 @@ def test_tensor_bce_large_logits(exercise_module, scale):
     z = np.array([[scale, -scale], [-scale, scale]])  # (2, 2)
     y = np.array([[1.0, 1.0], [0.0, 0.0]])
     t = exercise_module.Tensor(z)
-    loss = t.bce_with_logits(y)
-    loss.backward()
+    with np.errstate(over="raise", invalid="raise"):  # an overflow that only warns fails too
+        loss = t.bce_with_logits(y)
+        loss.backward()
     zt = torch.tensor(z, requires_grad=True)
     ref = torch_bce(zt, y)
     ref.backward()
     assert np.isfinite(loss.data) and abs(float(loss.data) - ref.item()) < 1e-9 * scale
     np.testing.assert_allclose(t.grad, zt.grad.numpy(), rtol=1e-9, atol=1e-15)
-
-
-# ----------------------------------------------------------------------------------------
-# Exercise: tanh-GELU and its backward, against F.gelu(approximate="tanh")
-
-
-def gelu_inputs():
-    rng = np.random.default_rng(3)
-    wide = np.linspace(-50, 50, 4001)  # step 0.025: covers the bend around 0 densely
-    extremes = np.array([0.0, 1e-8, -1e-8, 1e-3, -1e-3, 7.5, -7.5, 1e3, -1e3, 1e4, -1e4])
-    return np.concatenate([wide, extremes, 3 * rng.normal(size=500)])
-
-
-@pytest.mark.exercise("gelu_tanh")
-def test_gelu_tanh_matches_torch(exercise_module):
-    x = gelu_inputs()
-    got = exercise_module.gelu_tanh(x)
-    ref = F.gelu(torch.from_numpy(x), approximate="tanh").numpy()
-    assert got.shape == x.shape
-    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-13)
-    m = x.reshape(-1, 4)[:10]  # any shape
-    assert exercise_module.gelu_tanh(m).shape == m.shape
-
-
-@pytest.mark.exercise("gelu_tanh_backward")
-def test_gelu_tanh_backward_matches_torch(exercise_module):
-    x = gelu_inputs()
-    grad_out = np.random.default_rng(4).normal(size=x.shape)  # not ones: must be multiplied in
-    xt = torch.tensor(x, requires_grad=True)
-    (ref,) = torch.autograd.grad(F.gelu(xt, approximate="tanh"), xt, torch.from_numpy(grad_out))
-    before = (x.copy(), grad_out.copy())
-    got = exercise_module.gelu_tanh_backward(x, grad_out)
-    assert got.shape == x.shape
-    np.testing.assert_allclose(got, ref.numpy(), rtol=1e-10, atol=1e-12)
-    np.testing.assert_array_equal(x, before[0])
-    np.testing.assert_array_equal(grad_out, before[1])
-
-
-@pytest.mark.exercise("gelu_tanh_backward")
-def test_gelu_tanh_backward_2d(exercise_module):
-    x = np.linspace(-4, 4, 24).reshape(4, 6)
-    g = np.full((4, 6), 2.0)
-    xt = torch.tensor(x, requires_grad=True)
-    (ref,) = torch.autograd.grad((2 * F.gelu(xt, approximate="tanh")).sum(), xt)
-    np.testing.assert_allclose(exercise_module.gelu_tanh_backward(x, g), ref.numpy(), rtol=1e-10)
-
-
-# ----------------------------------------------------------------------------------------
-# Exercise: combining micro-batch gradients
-
-
-def microbatches(rng, counts, shape):
-    """Per-token gradients, their full-batch mean, and per-micro-batch means (NaN if empty)."""
-    per_token = rng.normal(size=(sum(counts), *shape))  # (T, *shape)
-    bounds = np.cumsum([0, *counts])
-    means = [per_token[a:b].mean(0) if b > a else np.full(shape, np.nan)
-             for a, b in zip(bounds[:-1], bounds[1:])]
-    return per_token.mean(0), means
-
-
-COUNT_CASES = {
-    "issue": [3, 7, 2, 12],
-    "one": [5],
-    "equal": [4, 4, 4],
-    "zero-first": [0, 3, 9],
-    "zero-middle": [6, 0, 1],
-    "zero-last": [2, 5, 0],
-    "only-one-nonzero": [0, 0, 7, 0],
-    "skewed": [1, 100],
-}
-
-
-@pytest.mark.exercise("combine_microbatch_grads")
-@pytest.mark.parametrize("counts", COUNT_CASES.values(), ids=COUNT_CASES.keys())
-def test_combine_hand_picked(exercise_module, counts):
-    full, means = microbatches(np.random.default_rng(5), counts, (3, 2))
-    kept = [m.copy() for m in means]
-    got = exercise_module.combine_microbatch_grads(means, list(counts))
-    assert np.shape(got) == (3, 2)
-    np.testing.assert_allclose(got, full, rtol=1e-12, atol=1e-14)
-    for m, k in zip(means, kept):
-        np.testing.assert_array_equal(m, k)  # inputs unchanged (NaN == NaN here)
-
-
-@pytest.mark.exercise("combine_microbatch_grads")
-def test_combine_random(exercise_module):
-    rng = np.random.default_rng(6)
-    for _ in range(200):
-        counts = [int(n) for n in rng.integers(0, 13, size=rng.integers(1, 7))]
-        if sum(counts) == 0:
-            counts[0] = 1
-        shape = tuple(int(n) for n in rng.integers(1, 4, size=rng.integers(0, 3)))
-        full, means = microbatches(rng, counts, shape)
-        got = exercise_module.combine_microbatch_grads(means, counts)
-        np.testing.assert_allclose(got, full, rtol=1e-12, atol=1e-14, err_msg=f"counts {counts}")
-
-
-@pytest.mark.exercise("combine_microbatch_grads")
-def test_combine_with_torch_autograd(exercise_module):
-    """Real mean-loss gradients from PyTorch; an empty micro-batch gives zeros, not NaN, there."""
-    counts = [3, 7, 0, 2, 12]
-    gen = torch.Generator().manual_seed(0)
-    feats = torch.randn(sum(counts), 5, dtype=torch.float64, generator=gen)  # (T, F)
-    target = torch.randn(sum(counts), dtype=torch.float64, generator=gen)  # (T,)
-    w0 = torch.randn(5, dtype=torch.float64, generator=gen)  # (F,)
-
-    def grad(rows):
-        w = w0.clone().requires_grad_()
-        ((feats[rows] @ w - target[rows]) ** 2).mean().backward()
-        return w.grad.numpy()
-
-    bounds = np.cumsum([0, *counts])
-    means = [grad(slice(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
-    got = exercise_module.combine_microbatch_grads(means, counts)
-    np.testing.assert_allclose(got, grad(slice(None)), rtol=1e-12, atol=1e-14)
