@@ -1,4 +1,4 @@
-"""Lesson 04's data pieces: everything its DataLoader worker processes run.
+"""Lesson 04b's data pieces: everything its DataLoader worker processes run.
 
 The dataset, the `collate_fn` and the `worker_init_fn` live here, in a module, not in the
 lesson's cells. A worker started by *spawn* (the default on macOS and Windows) or by
@@ -96,8 +96,7 @@ class LineStream(IterableDataset):
 def start_method():
     """How this lesson starts workers: forkserver on Linux, spawn elsewhere; never fork."""
     if sys.platform.startswith("linux"):
-        # The server imports torch once; the workers forked from it need not import it again
-        # (the lesson's tests time a loader started this way against one started by spawn).
+        # The server imports torch once; the workers forked from it need not import it again.
         # A process-wide hint, read when the server starts; it only changes start-up time.
         multiprocessing.get_context("forkserver").set_forkserver_preload(["torch"])
         return "forkserver"
@@ -162,3 +161,22 @@ def run_stream(lines, vocab, shard, context=None):
     loader = DataLoader(LineStream(lines, vocab, shard), batch_size=4, num_workers=2,
                         collate_fn=collate, multiprocessing_context=context or start_method())
     return [(b["worker"][0], b["idx"]) for b in batches(loader)]
+
+
+class ThreadCount(Dataset):
+    """Item i: (the worker's id, torch's intra-op threads in that worker)."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        info = get_worker_info()  # None in the main process
+        return info.id if info else -1, torch.get_num_threads()
+
+
+def worker_threads(num_workers=2, context=None):
+    """{worker id: torch.get_num_threads() inside that worker}, from a loader over ThreadCount."""
+    loader = DataLoader(ThreadCount(), batch_size=None, num_workers=num_workers,
+                        generator=torch.Generator().manual_seed(0),  # leaves the global RNG alone
+                        multiprocessing_context=context or start_method())
+    return dict(batches(loader))
