@@ -1,40 +1,41 @@
 # %% [markdown]
-# # 05 · Precision: bits, ranges and mixed-precision training
+# # 05b · Mixed-precision training: autocast, the step and its bytes
 #
-# A float is a sign, an exponent and a mantissa. How a format splits its bits between the
-# last two decides which numbers it can hold at all (its range) and how finely it can tell
-# them apart (its precision). Mixed-precision training runs the heavy matrix products in a
-# 16-bit format and keeps everything that accumulates in float32; this lesson shows why,
-# with numbers you can check, and then measures what such a training step keeps in memory.
+# Lesson 05a showed what the 16-bit formats can and cannot hold, why the weights stay in
+# float32 and how loss scaling rescues small float16 gradients. This part puts them to work
+# in a training step: `torch.autocast` picks a dtype for every op, the step calls the
+# scaler, the clipping and the optimizer in one correct order, and the step keeps a
+# number of bytes per parameter that you can count. It ends with `torch.optim.AdamW`
+# written out in NumPy.
 #
 # **What you will learn**
 #
-# - the range and the precision of float32, float16 and bfloat16, read from `torch.finfo`;
-# - what happens to a value outside a format's range or between two of its numbers;
-# - why weights and optimizer state stay in float32 while the matmuls run in 16 bits;
-# - how loss scaling keeps small float16 gradients alive, and the skip/halve/double rule of
-#   `torch.amp.GradScaler`; the two fp8 formats, and why each fp8 tensor gets a scale;
-# - which ops CPU autocast runs in bfloat16, where it differs from CUDA autocast, and what
-#   a 16-bit matmul costs on your CPU;
+# - which ops CPU autocast runs in bfloat16, where it differs from CUDA autocast, why to
+#   compute the loss on float32 logits, and what a 16-bit matmul costs on your CPU;
+# - what `torch.set_float32_matmul_precision` and the per-backend `fp32_precision`
+#   settings ask for (TF32 and bfloat16 inside float32 matmuls), and why not to mix them;
 # - a whole mixed-precision training step in order (unscale before clipping), why
 #   bfloat16 needs no scaler, and what a float16 forward overflow does to a scaler;
+# - the `torch.amp` spelling that replaces `torch.cuda.amp`, and which GPUs suit bfloat16;
 # - the bytes per parameter a mixed-precision AdamW step keeps, measured;
 # - that `torch.optim.AdamW` is a few lines of NumPy, matched to rounding level.
 #
-# **Prerequisites:** lessons 01–04 (tensors, autograd, modules, a training loop), and the
-# idea of a gradient step.
+# **Prerequisites:** lesson 05a (the formats' ranges and steps, float32 master weights,
+# loss scaling and `GradScaler`'s skip/halve/double rule), lesson 02 (dispatch keys) and
+# lesson 03b (saved-tensor hooks); a training loop with an optimizer and a scheduler.
 #
-# **How to run:** `python lessons/05_precision/precision.py` or `make lesson N=05` from the
-# repository root, or open `precision.ipynb`. Everything runs on the CPU, within the
-# lesson's budget of 30 seconds on a shared 2-core machine. Whether a 16-bit matrix multiply
-# is fast on a CPU depends on its instruction set: section 4 measures it on yours. Where the
-# CPU has no 16-bit matrix instructions it can be tens of times slower than float32, so
-# every low-precision matmul here is tiny on purpose. Each printing cell is followed by an
-# *Output* block: what it printed with the pinned PyTorch (2.13.0).
-# Run outside the course's venv, this lesson may also print PyTorch's own diagnostic lines
-# to stderr: `USDT: ... profiler_start` and `profiler_stop` around each profiler run and, on
-# a CUDA build without a GPU, `gpuGetDeviceCount failed`. They are harmless, and the
-# course's venv (`.venv`, made by any `make lesson`) turns them off.
+# **How to run:** `python lessons/05b_mixed_precision/mixed_precision.py` or
+# `make lesson N=05b` from the repository root, or open `mixed_precision.ipynb`.
+# Everything runs on the CPU in a few seconds. Every 16-bit matmul here is tiny on
+# purpose: on a CPU without 16-bit matrix instructions it can be ten to a hundred times
+# slower than float32 (section 1 measures yours). Section 4 reads `data/four_classes.csv`
+# from the repository's top (or a copy next to the script). Each printing cell is followed
+# by an *Output* block: what it printed with the pinned PyTorch (2.13.0); a part marked
+# `«time»` or `«ratio»` depends on your machine. Run outside the course's venv, this lesson
+# may also print PyTorch's own diagnostic lines to stderr: `USDT: ... profiler_start` and
+# `profiler_stop` around each profiler run and, on a CUDA build without a GPU,
+# `gpuGetDeviceCount failed`. They are harmless, and the course's venv (`.venv`, made by
+# any `make lesson`) turns them off.
 
 # %%
 import csv
@@ -42,9 +43,9 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -53,393 +54,10 @@ torch.manual_seed(0)
 torch.set_num_threads(1)  # one thread: reproducible results
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 DEVICE = torch.device(os.environ.get("COURSE_DEVICE", "cpu"))
-FORMATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def stored(value, dtype):
-    """The number `dtype` actually keeps for `value` (rounded to it, read back as a float)."""
-    return torch.tensor(value, dtype=torch.float32, device=DEVICE).to(dtype).item()
-
-
-def fmt(values, spec=".3g"):
-    return "[" + ", ".join(f"{v:{spec}}" for v in values) + "]"
-
+FORMATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}  # as in 05a
 
 # %% [markdown]
-# ## 1. Three formats, one table
-#
-# `torch.finfo(dtype)` describes a float format: its total bits, its largest value (`max`),
-# its smallest *normal* value (`tiny`) and `eps`, the gap between 1.0 and the next number.
-# The mantissa stores `m` bits after the leading 1, so `eps = 2**-m`, and the exponent gets
-# the bits that are left after the sign.
-#
-# **Predict.** float16 and bfloat16 both have 16 bits. Which of the two reaches larger
-# numbers? Which one has the finer step at 1.0?
-
-
-# %%
-def format_row(dtype):
-    """(exponent bits, mantissa bits, largest, smallest normal, smallest subnormal, step at 1)."""
-    f = torch.finfo(dtype)
-    mantissa = round(-math.log2(f.eps))  # eps = 2**-mantissa
-    exponent = f.bits - 1 - mantissa  # what the sign and the mantissa leave
-    # Below `tiny` the exponent is stuck at its minimum and the leading 1 is gone: the
-    # mantissa's last bit is then worth tiny * eps, the smallest positive number.
-    return exponent, mantissa, f.max, f.tiny, f.tiny * f.eps, f.eps
-
-
-print(f"{'':9} {'exponent':>8} {'mantissa':>8} {'largest':>9} {'smallest normal':>15} "
-      f"{'smallest subnormal':>18} {'step at 1.0':>11}")
-for name, dtype in FORMATS.items():
-    e, m, big, tiny, sub, eps = format_row(dtype)
-    print(f"{name:9} {e:8d} {m:8d} {big:9.3g} {tiny:15.3g} {sub:18.3g} {eps:11.3g}")
-
-# %% [markdown]
-# Output:
-# ```text
-#           exponent mantissa   largest smallest normal smallest subnormal step at 1.0
-# float32          8       23   3.4e+38        1.18e-38            1.4e-45    1.19e-07
-# float16          5       10  6.55e+04         6.1e-05           5.96e-08    0.000977
-# bfloat16         8        7  3.39e+38        1.18e-38           9.18e-41     0.00781
-# ```
-#
-# bfloat16 is float32 with the mantissa cut from 23 bits to 7: the same 8 exponent bits,
-# so the same range (up to 3.4e38), but a step of 1/128 at 1.0. float16 spends 3 more
-# bits on the mantissa (a step of 1/1024) and pays with a 5-bit exponent: nothing above
-# 65,504, nothing normal below 6.1e-5. Below the smallest normal number a format keeps
-# going with *subnormals*, which lose one bit of precision per halving, down to
-# `tiny * eps`. The test of this lesson checks that this last value really is stored
-# (and that half of it is not).
-#
-# **Predict.** Store 1e-8, 70,000 and 1.001 in each 16-bit format. Which ones survive, and
-# what comes back?
-
-# %%
-for v in (1e-8, 70_000.0, 1.001):
-    f16, bf16 = stored(v, torch.float16), stored(v, torch.bfloat16)
-    print(f"{v:>8g} stored as float16 {f16:<10.6g} bfloat16 {bf16:.6g}")
-
-# %% [markdown]
-# Output:
-# ```text
-#    1e-08 stored as float16 0          bfloat16 1.00117e-08
-#    70000 stored as float16 inf        bfloat16 70144
-#    1.001 stored as float16 1.00098    bfloat16 1
-# ```
-#
-# - 1e-8 is below float16's smallest subnormal (6e-8): it *underflows* to 0. bfloat16 has
-#   float32's exponent range and keeps it, rounded to its 8 significant bits: 1.00117e-8,
-#   0.12% off.
-# - 70,000 is above float16's largest value: it *overflows* to inf. In bfloat16 the
-#   numbers between 65,536 and 131,072 are 512 apart (2**16 times the step at 1.0), and
-#   70,144 is the nearest.
-# - 1.001 sits between two numbers of each format. float16's nearest is 1 + 1/1024 =
-#   1.00098; bfloat16's neighbours are 1 and 1.0078, and 1 is nearer.
-#
-# Range is where a format stops; precision is the gap between its numbers. float16 has the
-# better precision, bfloat16 the (much) better range.
-
-# %% [markdown]
-# ## 2. Why the weights stay in float32
-#
-# An optimizer adds a small update to every weight, thousands of times.
-#
-# **Predict.** Start at 1 and add 1e-4 ten thousand times. What do you get in float32?
-# In bfloat16? (Hint: compare 1e-4 with half of bfloat16's step at 1.0.)
-
-# %%
-sums = {}
-for name in ("float32", "bfloat16"):
-    total = torch.tensor(1.0, dtype=FORMATS[name])
-    step = torch.tensor(1e-4, dtype=FORMATS[name])
-    for _ in range(10_000):
-        total = total + step  # each sum is rounded to the format
-    sums[name] = total.item()
-    print(f"1 + 10,000 x 1e-4 in {name:8} = {sums[name]:.4f} (exact: 2.0000)")
-one = torch.tensor(1.0) + torch.tensor(1e-4)  # one float32 addition, result in [1, 2)
-moved, ulp = one.item() - 1.0, torch.finfo(torch.float32).eps  # eps: the step in [1, 2)
-print(f"float32 step in [1, 2): {ulp:.3g}; one addition moves 1.0 by {moved:.6g} "
-      f"= {moved / ulp:.0f} steps (1e-4 is {1e-4 / ulp:.2f} steps)")
-
-# %% [markdown]
-# Output:
-# ```text
-# 1 + 10,000 x 1e-4 in float32  = 2.0002 (exact: 2.0000)
-# 1 + 10,000 x 1e-4 in bfloat16 = 1.0000 (exact: 2.0000)
-# float32 step in [1, 2): 1.19e-07; one addition moves 1.0 by 0.000100017 = 839 steps (1e-4 is 838.86 steps)
-# ```
-#
-# In bfloat16 the next number after 1 is 1.0078, so 1 + 1e-4 is rounded back to 1: every
-# one of the 10,000 additions is lost, not just a little of each. float32 gets there, 2e-4
-# too far. All partial sums but the last two lie in [1, 2), where float32's numbers are
-# 2**-23 = 1.19e-7 apart, and 1e-4 is 838.86 of those steps: each addition rounds to 839
-# steps, 1.7e-8 too much, and 10,000 of them add up to 1.7e-4, which prints as 2.0002.
-# (The rounding is IEEE arithmetic on one scalar: these digits are the same on every CPU.)
-#
-# **Predict.** The weights of a freshly initialised layer are about 0.02 in size, and an
-# Adam step moves each one by about the learning rate. Store 10,000 such weights in
-# bfloat16 and add ±lr to each: what share of them does not move at all, for lr = 1e-3,
-# 1e-4 and 1e-5? And in float32?
-
-# %%
-gen = torch.Generator().manual_seed(3)  # a generator of its own: later cells' data unchanged
-w = torch.randn(10_000, generator=gen) * 0.02  # (10000,) weights of a typical initialisation
-w_bf16 = w.to(torch.bfloat16)
-stuck = {}
-for lr in (1e-3, 1e-4, 1e-5):
-    update = lr * torch.randn(10_000, generator=gen).sign()  # (10000,) about lr each, either sign
-    stuck[lr] = (((w_bf16.float() + update).to(torch.bfloat16) == w_bf16).float().mean().item(),
-                 ((w + update) == w).float().mean().item())
-    print(f"lr {lr:g}: weights that do not move: bfloat16 {stuck[lr][0]:5.1%}, "
-          f"float32 {stuck[lr][1]:.1%}")
-
-# %% [markdown]
-# Output:
-# ```text
-# lr 0.001: weights that do not move: bfloat16  0.0%, float32 0.0%
-# lr 0.0001: weights that do not move: bfloat16 11.8%, float32 0.0%
-# lr 1e-05: weights that do not move: bfloat16 84.5%, float32 0.0%
-# ```
-#
-# A bfloat16 weight moves only if the update is more than half the step between bfloat16
-# numbers at that weight, which is 0.2% to 0.4% of the weight itself (2**-9 to 2**-8 of
-# it). At lr = 1e-3 every update is larger than that. At 1e-4 the weights of 2**-5 =
-# 0.031 or more are stuck (there bfloat16's numbers are 2.4e-4 apart); at 1e-5, a learning
-# rate a decaying schedule reaches, most of them are. And a weight that does move lands on
-# a bfloat16 number: it moves by a whole step, not by the update it was given. In float32
-# every one of them moves, by the update.
-# Mixed precision therefore keeps a float32 *master copy* of the weights, and the
-# optimizer's running averages in float32 too; only the products that read them run in 16
-# bits.
-
-# %% [markdown]
-# ## 3. Loss scaling: keeping small float16 gradients
-#
-# Gradients are often tiny. float16's range stops at 6e-8 (subnormal) at the small end.
-#
-# **Predict.** Store the gradients [1e-8, 2e-7, 1e-4] in float16. Which come back intact?
-# What if you multiply them by 1024 first, and divide by 1024 after reading them back?
-
-# %%
-g = torch.tensor([1e-8, 2e-7, 1e-4], device=DEVICE)  # (3,) float32
-plain = g.half().float()
-scaled = (g * 1024).half().float() / 1024  # scale, store in float16, unscale in float32
-print(f"gradients                 {fmt(g.tolist(), '.4g')}")
-print(f"stored in float16         {fmt(plain.tolist(), '.4g')}")
-print(f"x 1024, stored, / 1024    {fmt(scaled.tolist(), '.4g')}")
-
-# %% [markdown]
-# Output:
-# ```text
-# gradients                 [1e-08, 2e-07, 0.0001]
-# stored in float16         [0, 1.788e-07, 0.0001]
-# x 1024, stored, / 1024    [1.001e-08, 2e-07, 0.0001]
-# ```
-#
-# Stored directly, 1e-8 underflows to 0 and 2e-7 lands among the subnormals, which are
-# 6e-8 apart: 1.788e-7 is 11% off. Multiplied by 1024, 2e-7 becomes 2e-4, a normal
-# float16 number with all 11 bits of precision, and comes back exact to 4 digits. 1e-8
-# becomes 1.02e-5: still a subnormal, but now 172 steps of 6e-8 instead of a fraction of
-# one, so it comes back 0.1% off instead of lost. Dividing by 1024 (a power of two) adds no
-# error of its own. A larger scale would lift 1e-8 into the normal
-# range too; that is what the dynamic scaler below does, starting at 65,536. In training
-# you scale the *loss*: by the chain rule every gradient is then scaled by the same factor.
-# The catch is the other end of the range: scale too much and a large gradient overflows
-# to inf.
-#
-# ### A dynamic loss scaler
-#
-# `torch.amp.GradScaler` picks the scale as it goes. It starts at 2**16; when any gradient
-# comes back inf or NaN it skips the optimizer step and halves the scale; after
-# `growth_interval` clean steps in a row (2000 by default) it doubles the scale. Here is
-# that rule, written out, next to the real `GradScaler` on the CPU. Each step's true
-# gradients are scaled and stored in float16, as an fp16 backward pass would produce them;
-# at steps 3 and 4 one gradient is 3.0, which overflows float16 (max 65,504) at a scale
-# of 65,536 or 32,768.
-#
-# **Predict.** With `growth_interval=3`, which steps are skipped, and what is the scale
-# at step 10?
-
-# %%
-GROWTH_INTERVAL = 3  # instead of 2000, so that growth shows within a few steps
-TRUE_GRADS = [torch.tensor([1e-8, 2e-7, 3.0 if step in (3, 4) else 1e-4]) for step in range(1, 11)]
-
-
-def fp16_scaled(grad, scale):
-    """What an fp16 backward pass hands over: the scaled gradient, rounded to float16."""
-    return (grad * scale).half().float()  # GradScaler unscales float32 gradients only
-
-
-def our_trace(true_grads, interval, scale=2.0**16):
-    """[(scale used, unscaled grads or None if skipped)] by the skip/halve/double rule."""
-    clean, trace = 0, []
-    for grad in true_grads:
-        scaled_grad = fp16_scaled(grad, scale)
-        if not torch.isfinite(scaled_grad).all():  # inf or NaN: skip the step
-            trace.append((scale, None))
-            scale, clean = scale * 0.5, 0
-            continue
-        trace.append((scale, scaled_grad / scale))
-        clean += 1
-        if clean == interval:
-            scale, clean = scale * 2.0, 0
-    return trace
-
-
-# %%
-class Recorder(torch.optim.Optimizer):
-    """An optimizer that only records the (unscaled) gradients it is asked to step with."""
-
-    def __init__(self, params):
-        super().__init__(params, {})
-        self.seen = []
-
-    def step(self, closure=None):
-        self.seen.append(self.param_groups[0]["params"][0].grad.clone())
-
-
-def torch_trace(true_grads, interval, scale=2.0**16, scaler=None):
-    """The same run driven through torch.amp.GradScaler on the CPU (pass `scaler` to keep it)."""
-    p = torch.nn.Parameter(torch.zeros(3))
-    opt = Recorder([p])
-    scaler = scaler or torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=interval)
-    trace = []
-    for grad in true_grads:
-        scaler.scale(torch.ones(()))  # a stand-in loss (the first call creates the scale tensor)
-        scale, n_seen = scaler.get_scale(), len(opt.seen)
-        p.grad = fp16_scaled(grad, scale)
-        scaler.step(opt)  # unscales, checks for inf/NaN, calls opt.step() only if clean
-        scaler.update()
-        trace.append((scale, opt.seen[-1] if len(opt.seen) > n_seen else None))
-    return trace
-
-
-def action(unscaled):
-    return "skip" if unscaled is None else "step"
-
-
-scaler = torch.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL)  # starts at 2**16
-ours = our_trace(TRUE_GRADS, GROWTH_INTERVAL)
-theirs = torch_trace(TRUE_GRADS, GROWTH_INTERVAL, scaler=scaler)  # the scaler is kept: its next scale
-print("step  ours: scale   action  GradScaler: scale   action")
-for k, ((s1, g1), (s2, g2)) in enumerate(zip(ours, theirs), start=1):
-    print(f"{k:4d}  {s1:11.0f}   {action(g1):6}  {s2:17.0f}   {action(g2)}")
-same = all(s1 == s2 and action(g1) == action(g2) and (g1 is None or torch.equal(g1, g2))
-           for (s1, g1), (s2, g2) in zip(ours, theirs))
-print(f"same scales, decisions and unscaled gradients: {same}")
-print(f"scale after step 10 (for step 11): {scaler.get_scale():.0f}")
-smallest = sorted({f"{u[0].item():.3g}" for _, u in theirs if u is not None})
-print(f"smallest gradient after unscaling, in every step that ran: {smallest}")
-
-# %% [markdown]
-# Output:
-# ```text
-# step  ours: scale   action  GradScaler: scale   action
-#    1        65536   step                65536   step
-#    2        65536   step                65536   step
-#    3        65536   skip                65536   skip
-#    4        32768   skip                32768   skip
-#    5        16384   step                16384   step
-#    6        16384   step                16384   step
-#    7        16384   step                16384   step
-#    8        32768   step                32768   step
-#    9        32768   step                32768   step
-#   10        32768   step                32768   step
-# same scales, decisions and unscaled gradients: True
-# scale after step 10 (for step 11): 65536
-# smallest gradient after unscaling, in every step that ran: ['1e-08']
-# ```
-#
-# Step 3: 3.0 × 65,536 overflows, so the step is skipped and the scale halves. Step 4: 3.0
-# × 32,768 = 98,304 still overflows: skipped again, halved to 16,384, where 3.0 fits. The
-# two clean steps before the overflow do not count towards growth: the clean-step counter
-# restarts at every overflow. Steps 5, 6, 7 are three clean steps in a row, so the scale
-# doubles *after* step 7 and step 8 runs at 32,768; step 10 completes the next run of
-# three, so step 11 runs at 65,536. A skipped step costs one batch; it does not corrupt
-# the weights, because the inf never reaches the optimizer: on a batch that overflows, the
-# training step of section 5 leaves every weight where it was.
-# And the 1e-8 gradient, lost in plain float16, comes out of every step that ran intact.
-
-# %% [markdown]
-# ### 8-bit floats: a scale for every tensor
-#
-# GPUs from NVIDIA's H100 on multiply 8-bit floats. PyTorch has two such formats for
-# training: `float8_e4m3fn` (4 exponent bits, 3 mantissa bits; "fn": finite, it has no inf)
-# and `float8_e5m2`. `torch.finfo` describes them like the others, on any machine.
-#
-# **Predict.** What are their largest numbers and their steps at 1.0? Store 1000, 100,000,
-# inf and 1e-3 in each: what comes back?
-
-# %%
-FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
-for name, dtype in FP8.items():
-    e, m, big, tiny, sub, eps = format_row(dtype)
-    print(f"{name:13} exponent {e}, mantissa {m}: largest {big:g}, smallest normal {tiny:.3g}, "
-          f"subnormals down to {sub:.3g}, step at 1 {eps:g}")
-for v in (1000.0, 1e5, math.inf, 1e-3):
-    print(f"{v:>6g} stored as " + ", ".join(f"{name} {stored(v, dtype):g}" for name, dtype in FP8.items()))
-
-# %% [markdown]
-# Output:
-# ```text
-# float8_e4m3fn exponent 4, mantissa 3: largest 448, smallest normal 0.0156, subnormals down to 0.00195, step at 1 0.125
-# float8_e5m2   exponent 5, mantissa 2: largest 57344, smallest normal 6.1e-05, subnormals down to 1.53e-05, step at 1 0.25
-#   1000 stored as float8_e4m3fn 448, float8_e5m2 1024
-# 100000 stored as float8_e4m3fn 448, float8_e5m2 inf
-#    inf stored as float8_e4m3fn 448, float8_e5m2 inf
-#  0.001 stored as float8_e4m3fn 0.00195312, float8_e5m2 0.000976562
-# ```
-#
-# Eight bits leave little of either. float8_e4m3fn keeps 3 mantissa bits (a step of 1/8 at
-# 1.0) and stops at 448 = 1.75 × 2**8 (having no inf, it uses the top exponent, which other
-# formats keep for inf and NaN, for numbers: only the all-ones code is NaN); float8_e5m2 has
-# float16's 5 exponent bits, so nearly its range (up to 57,344), and 2 mantissa bits. Out of
-# range they differ: in PyTorch 2.13.0 a cast to float8_e4m3fn *saturates*, 1000, 100,000
-# and even inf become 448, while float8_e5m2 rounds 1000 to 1024 and overflows to inf past
-# its range, as float16 does. At the small end, 1e-3 is about half of float8_e4m3fn's
-# smallest subnormal (2**-9 = 0.00195) and rounds up to it: 95% off.
-#
-# **Predict.** A tensor of small values (a gradient, say: 1e-3 times a normal sample) is
-# stored in each format directly, and again after multiplying it by the format's largest
-# number over the tensor's largest magnitude (then dividing back in float32). How large is
-# the error each way?
-
-# %%
-t8 = torch.randn(1000, generator=torch.Generator().manual_seed(4)) * 1e-3  # (1000,)
-amax = t8.abs().max()  # the tensor's largest magnitude
-
-
-def rel_error(approx):
-    return ((approx - t8).norm() / t8.norm()).item()
-
-
-fp8_errors = {}
-for name, dtype in FP8.items():
-    direct8 = t8.to(dtype).float()
-    scale8 = torch.finfo(dtype).max / amax  # the largest value lands on the format's largest
-    scaled8 = (t8 * scale8).to(dtype).float() / scale8
-    fp8_errors[name] = (rel_error(direct8), (direct8 == 0).float().mean().item(), rel_error(scaled8))
-    print(f"{name:13} stored directly: error {fp8_errors[name][0]:5.1%} ({fp8_errors[name][1]:.0%} "
-          f"became 0); scaled by max/amax: error {fp8_errors[name][2]:.1%}")
-
-# %% [markdown]
-# Output:
-# ```text
-# float8_e4m3fn stored directly: error 55.9% (65% became 0); scaled by max/amax: error 2.8%
-# float8_e5m2   stored directly: error  5.4% (1% became 0); scaled by max/amax: error 5.2%
-# ```
-#
-# float8_e4m3fn cannot hold values this small: nearly two thirds of them become 0. Scaled
-# so that the largest one lands on 448, nearly all fall in its normal range and keep 3
-# bits each. float8_e5m2 reaches down to 1.5e-5 and needs no scale here, but with 2
-# mantissa bits its error, scaled or not, is twice that of scaled e4m3. This is loss
-# scaling again, for every tensor and with a scale of its own: fp8 training keeps a scale
-# per tensor, computed from its largest magnitude (its *amax*), and multiplies with
-# `torch._scaled_mm`, which takes the two fp8 tensors and their scales. This lesson's CUDA
-# test measures its rate against bfloat16's.
-
-# %% [markdown]
-# ## 4. Autocast on the CPU: which ops run in bfloat16
+# ## 1. Autocast on the CPU: which ops run in bfloat16
 #
 # Inside `torch.autocast(device_type, dtype)`, each op is looked up in per-device lists:
 # ops that gain from low precision (matmul, linear, convolutions) cast their float32
@@ -486,10 +104,12 @@ for op, dtype in dtypes.items():
 # Autocast is a dispatch key (lesson 02): an op is cast only if it has a kernel registered
 # under `AutocastCPU` or `AutocastCUDA`, and that kernel applies the op's list (lower
 # precision, or float32). The CUDA registrations are compiled into every build of PyTorch,
-# so the CPU can tell us which ops each device's autocast handles.
+# so the CPU can tell us which ops each device's autocast handles, through
+# `torch._C._dispatch_has_kernel_for_dispatch_key` (private, like lesson 02's
+# `_dispatch_dump`).
 #
-# **Predict.** On a GPU, cross-entropy under autocast also comes out float32. Is that
-# because `cross_entropy_loss` is on CUDA's float32 list too?
+# **Predict.** A guess: on a GPU, cross-entropy under autocast also comes out float32. Is
+# that because `cross_entropy_loss` is on CUDA's float32 list too?
 
 
 # %%
@@ -527,41 +147,16 @@ print(f"cross_entropy_loss decomposes into other ops (CompositeImplicitAutograd)
 #
 # The rules differ in kind. `nll_loss` is on the plain float32 list: its input is cast up.
 # `softmax` and `log_softmax` are on a list whose rule only fills in their `dtype`
-# argument with float32 when the call left it unset; a `dtype` the caller passed is kept.
+# argument with float32 when the call left it unset; a `dtype` the caller passed is kept
+# (read from `torch/include/ATen/autocast_mode.h`, `enum class CastPolicy`; unverified on a
+# GPU). The decomposition passes `log_softmax` the logits' own dtype (*Going further* shows
+# it with the profiler), so CUDA's rule for `log_softmax` leaves it in bfloat16, and it is
+# `nll_loss`, on the plain float32 list, that casts the bfloat16 log-probabilities up: the
+# loss is float32, summed from log-probabilities already rounded to bfloat16 (read from the
+# same header; unverified on a GPU).
 #
-# **Predict.** Which `dtype` does `cross_entropy_loss` pass to the `log_softmax` it calls?
-# The profiler records the arguments of every op it sees (`record_shapes=True`); compare
-# them with those of `log_softmax` calls whose `dtype` we choose.
-
-
-# %%
-def log_softmax_dtype_arg(fn):
-    """The `dtype` argument of the aten::log_softmax call inside fn, as the profiler records it."""
-    with torch.profiler.profile(record_shapes=True) as prof:
-        fn()
-    return next(e.concrete_inputs[2] for e in prof.events() if e.name == "aten::log_softmax")
-
-
-arg_of = {d: log_softmax_dtype_arg(lambda d=d: F.log_softmax(logits, -1, dtype=d))
-          for d in (None, torch.bfloat16, torch.float32)}  # the recorded form of each choice
-ce_arg = log_softmax_dtype_arg(lambda: F.cross_entropy(logits, labels))  # bfloat16 logits
-ce_dtype = next(d for d, a in arg_of.items() if a == ce_arg)
-print(f"cross_entropy_loss on {logits.dtype} logits calls log_softmax with dtype={ce_dtype}")
-
-# %% [markdown]
-# Output:
-# ```text
-# cross_entropy_loss on torch.bfloat16 logits calls log_softmax with dtype=torch.bfloat16
-# ```
-#
-# The decomposition asks `log_softmax` for the logits' own dtype, so CUDA's rule for
-# `log_softmax` leaves it in bfloat16, and it is `nll_loss`, on the plain float32 list,
-# that casts the bfloat16 log-probabilities up: the loss is float32, summed from
-# log-probabilities already rounded to bfloat16. The same line of Python gets its float32
-# loss from different ops on different devices, and a change to either device's lists
-# changes what you get.
-#
-# So do not rely on one device's lists: compute the loss on float32 logits yourself.
+# So the same line of Python gets its float32 loss from different ops on each device: do
+# not rely on either device's lists, compute the loss on float32 logits yourself.
 #
 # **Predict.** Outside autocast, what does cross-entropy on the bfloat16 logits give,
 # compared with the same logits cast to float32 first?
@@ -593,6 +188,9 @@ picked = -logp.float()[torch.arange(len(labels)), labels]  # (B,) the terms of t
 print(f"float32 loss rounded to bfloat16 once:           {nearest.item():.4f}")
 print(f"nll_loss of the rounded log-probs (in bfloat16): {F.nll_loss(logp, labels).item():.4f}")
 print(f"the same rounded log-probs averaged in float32:  {picked.mean().item():.4f}")
+nll_sum = F.nll_loss(logp, labels, reduction="sum")  # the sum alone, in bfloat16
+print(f"summed, not averaged: nll_loss {nll_sum.item():g}, float32 {picked.sum().item():.3f}, "
+      f"rounded once {picked.sum().to(torch.bfloat16).item():g}")
 
 # %% [markdown]
 # Output:
@@ -600,16 +198,19 @@ print(f"the same rounded log-probs averaged in float32:  {picked.mean().item():.
 # float32 loss rounded to bfloat16 once:           3.5469
 # nll_loss of the rounded log-probs (in bfloat16): 3.5625
 # the same rounded log-probs averaged in float32:  3.5437
+# summed, not averaged: nll_loss 28.5, float32 28.349, rounded once 28.375
 # ```
 #
 # Rounding the answer once gives 3.5469, 0.005 off; rounding each log-probability costs
 # about as little (3.5437, averaged in float32). `nll_loss` on bfloat16 input lands a whole
 # bfloat16 step further, on the loss above: no single rounding of a float32 result gives
-# that. Its running sums are bfloat16 numbers too, rounded to 8 bits at every addition as
-# in section 2. `logits.float()` costs one small cast and makes the loss, and the start of
-# the backward pass, float32 on every device.
+# that. Its running sums are bfloat16 numbers too, rounded to 8 bits at every addition
+# (read from `pytorch:aten/src/ATen/native/LossNLL.cpp`), as in lesson 05a's stalled sums:
+# the sum alone is 28.5 in bfloat16, a step of 0.125 above 28.375, the float32 sum rounded
+# once. `logits.float()` costs one small cast and makes the loss, and the start of the
+# backward pass, float32 on every device.
 #
-# ### What a 16-bit matmul costs on this CPU
+# ### What a 16-bit matmul costs on your CPU
 #
 # Autocast chose bfloat16 for the matmuls because on most accelerators 16-bit products
 # are several times faster than float32 ones. On a CPU that depends on its instruction set.
@@ -631,13 +232,13 @@ def best_time(fn, repeats=5, calls=3):
     return best
 
 
-N_MM = 128  # small on purpose: where a format is slow, it is tens of times slower
+N_MM = 128  # small on purpose: where a format is slow, it is ten to a hundred times slower
 a32, b32 = torch.randn(N_MM, N_MM), torch.randn(N_MM, N_MM)  # (n, n) float32
 mm_time, mm_out = {}, {}
 for name, dtype in FORMATS.items():
     a16, b16 = a32.to(dtype), b32.to(dtype)  # converted outside the clock
     mm_time[name] = best_time(lambda: a16 @ b16)
-    mm_out[name] = a16 @ b16  # (n, n), kept for the test: a real product was computed
+    mm_out[name] = a16 @ b16  # (n, n): the product each format computed
 print(f"{N_MM}x{N_MM} matmul, fastest of 5: float32 {mm_time['float32'] * 1e6:.0f} us")
 a_bf16, b_bf16 = a32.to(torch.bfloat16), b32.to(torch.bfloat16)
 mm_time["bf16 via fp32"] = best_time(lambda: a_bf16.float() @ b_bf16.float())
@@ -654,21 +255,108 @@ for name in ("bfloat16", "float16", "bf16 via fp32"):
 # ```
 #
 # The ratios are your CPU's (times vary a little from run to run; the ratios' order of
-# magnitude does not), and they fall into three bands. Up to about 3: the CPU multiplies
-# bfloat16 in hardware (AVX-512 BF16 or AMX instructions, which oneDNN, PyTorch's CPU
-# library for such kernels, uses when they are there), and even then bfloat16 need not beat
-# float32 here: converting to float32 first (the last line) can win.
-# Around 5: AVX-512 without BF16, where oneDNN converts inside its kernel. Tens: neither,
-# and the product runs in a generic loop, not in a tuned kernel; converting both bfloat16
-# inputs to float32 and multiplying there costs little more than float32 itself. float16
-# is slower than float32 on most CPUs, tens of times: only recent server CPUs (AMX-FP16,
-# AVX512-FP16) multiply it natively, and at this size even they take one to two times as
-# long as for float32. `lscpu` lists your CPU's flags (`avx512_bf16`, `amx_bf16`,
-# `avx512_fp16`): compare them with section 4's timings. On GPUs the 16-bit formats are
-# the fast ones (unverified on a GPU).
+# magnitude does not). Where the CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX
+# instructions, which oneDNN, PyTorch's CPU library for such kernels, uses), bfloat16
+# takes up to about 3 times float32's time at this size; without them, ten to a hundred
+# times or more, and converting both inputs to float32 first (the last line) costs little
+# more than float32 itself. float16 is slower still on most CPUs. *Going further* explains
+# the bands and the CPU flags behind them. On GPUs the 16-bit formats are the fast ones
+# (unverified on a GPU).
 
 # %% [markdown]
-# ## 5. A mixed-precision training step, in order
+# ### Float32 matmuls with fewer bits inside
+#
+# Autocast changes the dtype of a matmul's inputs. A separate setting lets a float32
+# matmul, float32 in and float32 out, compute inside with fewer mantissa bits.
+# `torch.set_float32_matmul_precision` takes `"highest"` (the default: float32 all the
+# way), `"high"` (on NVIDIA GPUs from Ampere on, TF32: float32's range with float16's 10
+# mantissa bits, on the tensor cores) and `"medium"` (bfloat16 inside). Newer settings name
+# each backend and op on their own: `torch.backends.cuda.matmul.fp32_precision` for cuBLAS
+# matmuls, `torch.backends.cudnn.conv.fp32_precision` for cuDNN convolutions and
+# `torch.backends.mkldnn.matmul.fp32_precision` for oneDNN, PyTorch's CPU library.
+#
+# **Predict.** A guess: are the two linked? Set the old one to each value and print the
+# new ones; then set a new one alone and ask the old one what it is.
+
+
+# %%
+BACKENDS = {"cuda.matmul": torch.backends.cuda.matmul, "mkldnn.matmul": torch.backends.mkldnn.matmul,
+            "cudnn.conv": torch.backends.cudnn.conv}
+
+
+def fp32_settings():
+    """(the old setting, then each backend's fp32_precision)."""
+    return (torch.get_float32_matmul_precision(), *(b.fp32_precision for b in BACKENDS.values()))
+
+
+defaults = fp32_settings()
+rows, out_dtypes = {"defaults": defaults}, {(x @ w.T).dtype}  # x, w: section 1's float32 tensors
+gen = torch.Generator().manual_seed(5)
+a512, b512 = torch.randn(512, 512, generator=gen), torch.randn(512, 512, generator=gen)  # (n, n)
+products = {"highest": a512 @ b512}  # float32, at the default setting
+try:
+    for level in ("high", "medium", "highest"):
+        torch.set_float32_matmul_precision(level)
+        rows[f"set_float32_matmul_precision({level!r})"] = fp32_settings()
+        out_dtypes.add((x @ w.T).dtype)
+        products[level] = a512 @ b512
+    torch.backends.cuda.matmul.fp32_precision = "tf32"  # the new setting alone
+    try:
+        torch.get_float32_matmul_precision()
+        mixed = "no error"
+    except RuntimeError as err:  # what 2.13.0 raises is the point
+        mixed = f"RuntimeError, mix of the legacy and new APIs: {'mix of the legacy and new APIs' in str(err)}"
+finally:  # restore every setting, so that later cells (and lessons) run as before
+    torch.set_float32_matmul_precision(defaults[0])
+    for backend, value in zip(BACKENDS.values(), defaults[1:]):
+        backend.fp32_precision = value
+print(f"{'':39} {'old':8} " + " ".join(f"{name:13}" for name in BACKENDS))
+for name, row in rows.items():
+    print(f"{name:39} {row[0]:8} " + " ".join(f"{v:13}" for v in row[1:]))
+print(f"cuda.matmul set to 'tf32' alone, then get_float32_matmul_precision(): {mixed}")
+print(f"a float32 matmul's output dtype under every setting: {sorted(map(str, out_dtypes))}")
+medium_same = torch.equal(products["medium"], products["highest"])  # bitwise
+print(f"512x512 float32 product unchanged under 'medium', on your CPU: {medium_same}")
+exact512 = a512.double() @ b512.double()  # (n, n) the reference, in float64
+mm_error = {k: ((v.double() - exact512).norm() / exact512.norm()).item() for k, v in products.items()}
+medium_fp32 = mm_error["medium"] < 10 * mm_error["highest"]  # bfloat16 pieces would be ~1e-3 off
+print(f"'medium' error vs float64 within 10 x of 'highest' (float32 arithmetic): {medium_fp32}")
+print(f"every setting back to its default: {fp32_settings() == defaults}")
+
+# %% [markdown]
+# Output:
+# ```text
+#                                         old      cuda.matmul   mkldnn.matmul cudnn.conv
+# defaults                                highest  none          none          tf32
+# set_float32_matmul_precision('high')    high     tf32          tf32          tf32
+# set_float32_matmul_precision('medium')  medium   tf32          bf16          tf32
+# set_float32_matmul_precision('highest') highest  ieee          ieee          tf32
+# cuda.matmul set to 'tf32' alone, then get_float32_matmul_precision(): RuntimeError, mix of the legacy and new APIs: True
+# a float32 matmul's output dtype under every setting: ['torch.float32']
+# 512x512 float32 product unchanged under 'medium', on your CPU: «name»
+# 'medium' error vs float64 within 10 x of 'highest' (float32 arithmetic): «name»
+# every setting back to its default: True
+# ```
+#
+# Setting the old one writes the new ones: `"high"` asks cuBLAS and oneDNN for TF32,
+# `"medium"` asks cuBLAS for TF32 and oneDNN for bfloat16, and `"highest"` asks both for
+# `ieee`, full float32.
+# The defaults read `none`: not set, follow the backend's parent setting (read from
+# `torch/include/ATen/Context.h`). cuDNN convolutions default to TF32 while matmuls do not,
+# and no `set_float32_matmul_precision` changes that. The other way round there is no
+# link: a new setting the old one cannot describe makes the old getter raise. Use one of
+# the two in a program, the per-backend one where you need convolutions and matmuls apart.
+#
+# The output stays float32 under every setting; what changes is the arithmetic inside. On
+# a GPU, `"high"` makes float32 matmuls several times faster and about as exact as float16
+# inputs (unverified on a GPU). Under `"medium"` PyTorch hands float32 matmuls to oneDNN
+# with bfloat16 allowed; oneDNN uses it only where it has a bfloat16 kernel, and computes
+# in float32 elsewhere. A changed product alone can just be a different float32 kernel:
+# compare the errors. Against float64, float32 arithmetic is about 3e-7 off here, bfloat16
+# inputs 3e-3.
+
+# %% [markdown]
+# ## 2. A mixed-precision training step, in order
 #
 # Here are the pieces put together: a float16 step with a `GradScaler`, gradient clipping
 # and a learning-rate schedule. The order of the calls is the whole point:
@@ -679,7 +367,7 @@ for name in ("bfloat16", "float16", "bf16 via fp32"):
 # 4. `scaler.unscale_(opt)`: divide the gradients by the scale (and note any inf/NaN);
 # 5. clip the gradient norm, and log the norm `clip_grad_norm_` returns;
 # 6. `scaler.step(opt)`: the optimizer step, skipped if step 4 found inf/NaN;
-# 7. `scaler.update()`: halve or grow the scale (section 3);
+# 7. `scaler.update()`: halve or grow the scale (lesson 05a's rule);
 # 8. `sched.step()`: once per step, after the optimizer.
 #
 # The model is a small MLP (16 → 32 → 4) on random points labelled by which of their first
@@ -706,7 +394,7 @@ def train_step(model, opt, sched, scaler, x, y, dtype, clip_first=False):
     opt.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=dtype):
         logits = model(x)  # (B, 4), 16-bit matmuls
-    loss = F.cross_entropy(logits.float(), y)  # the loss in float32 (section 4)
+    loss = F.cross_entropy(logits.float(), y)  # the loss in float32 (section 1)
     scaler.scale(loss).backward()  # gradients of loss * scale
     if clip_first:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)  # scaled grads!
@@ -779,7 +467,7 @@ print(f"norm reaching SGD: {wrong_rows[0]['used']:.3g} = {MAX_NORM} / "
 # Clipping saw the gradients of `loss × 65536`, so the norm it measured (and that you
 # would log) is 65,536 times the true one, and it cut the gradients down to norm 0.5 *in
 # scaled units*. `unscale_` then divided by 65,536: the optimizer stepped with a gradient
-# 65,536 times too small, and nothing failed. With SGD the model just stops learning.
+# 65,536 times too small, and nothing failed.
 #
 # **Predict.** Adam divides each gradient by its own running size. Run the four steps with
 # `torch.optim.Adam` (lr 1e-3) in both orders: how far do the weights move with the bug,
@@ -788,18 +476,21 @@ print(f"norm reaching SGD: {wrong_rows[0]['used']:.3g} = {MAX_NORM} / "
 
 # %%
 def adam_moves(clip_first, eps=1e-8):
-    """(P,) how far 4 fp16 steps of Adam move every weight, in the order of train_step."""
+    """((P,) how far 4 fp16 steps of Adam move every weight, [row per step]), in train_step's order."""
     model = make_model()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=eps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)  # a constant lr
     scaler = torch.amp.GradScaler("cpu")
     before = torch.cat([p.detach().flatten() for p in model.parameters()])
-    for x, y in zip(xs.split(16), ys.split(16)):
-        train_step(model, opt, sched, scaler, x, y, torch.float16, clip_first)
-    return torch.cat([p.detach().flatten() for p in model.parameters()]) - before
+    rows = [train_step(model, opt, sched, scaler, x, y, torch.float16, clip_first)
+            for x, y in zip(xs.split(16), ys.split(16))]
+    return torch.cat([p.detach().flatten() for p in model.parameters()]) - before, rows
 
 
-adam = {eps: (adam_moves(False, eps), adam_moves(True, eps)) for eps in (1e-8, 0.0)}
+runs = {(eps, bug): adam_moves(bug, eps) for eps in (1e-8, 0.0) for bug in (False, True)}
+adam = {eps: (runs[eps, False][0], runs[eps, True][0]) for eps in (1e-8, 0.0)}  # (right, wrong)
+adam_clipped = all(r["norm"] > MAX_NORM for _, rows in runs.values() for r in rows)
+print(f"every step clipped, in both orders: {adam_clipped}")
 for eps, (right, wrong) in adam.items():
     cos = F.cosine_similarity(right, wrong, dim=0).item()
     print(f"Adam, eps {eps:g}: with the bug the weights move {wrong.norm() / right.norm():.2f} x "
@@ -808,22 +499,23 @@ for eps, (right, wrong) in adam.items():
 # %% [markdown]
 # Output:
 # ```text
+# every step clipped, in both orders: True
 # Adam, eps 1e-08: with the bug the weights move 0.91 x as far, direction cosine 0.99
 # Adam, eps 0: with the bug the weights move 1.00 x as far, direction cosine 1.00
 # ```
 #
 # Adam's update is the gradient's running average over the square root of its running
 # square: multiply every gradient by the same factor and it cancels, except against `eps`.
-# With the bug each step's gradient is the right order's gradient divided by 65,536 (up
-# to rounding), so with `eps` 0 the weights move the same way; the default `eps` of 1e-8 is
-# no longer negligible next to gradients that are now about 1e-7, and the steps come out
-# about a tenth shorter. The bug
-# hides: training looks normal, and the clipping you asked for silently does nothing.
-# Unscale first, then clip.
+# Here every step is clipped in both orders, so with the bug each step's gradient is the
+# right order's divided by 65,536 (up to rounding), and with `eps` 0 the weights move the
+# same way; the default `eps` of 1e-8 is no longer negligible next to gradients that are
+# now about 1e-7, and the steps come out about a tenth shorter. The bug hides: training
+# looks normal, the norm you log is 65,536 times too large, and your threshold no longer
+# means anything: every step is clipped, whatever its true norm. Unscale first, then clip.
 #
 # ### bfloat16 needs no scaler
 #
-# Loss scaling exists because float16's range ends at 6e-8 (section 3). bfloat16 has
+# Loss scaling exists because float16's range ends at 6e-8 (lesson 05a). bfloat16 has
 # float32's range.
 #
 # **Predict.** Multiply the loss by 1e-7, so that every gradient is tiny (as the gradients
@@ -868,9 +560,8 @@ print(f"bfloat16, 4 steps without a scaler: scale {bf16_rows[0]['scale']:.0f}, "
 # float32 gradient. bfloat16 reaches down to 1e-38 like float32, so it keeps them with no
 # scaling at all: a bfloat16 recipe drops `GradScaler` (with `enabled=False`, as in the
 # last run, it passes everything through with a scale of 1), and the four bfloat16 steps
-# give the float16 run's losses to 2 decimals. bfloat16 pays in precision
-# instead, 8 bits against float16's 11, which is why the weights and the sums stay in
-# float32 (section 2).
+# give the float16 run's losses to 2 decimals. bfloat16 pays in precision instead, 8 bits
+# against float16's 11, which is why the weights and the sums stay in float32 (lesson 05a).
 
 # %% [markdown]
 # ### A forward pass that overflows float16
@@ -920,10 +611,63 @@ print(f"weights changed: {not torch.equal(w_before, big.weight)}; "
 # holds 81,920 exactly. The float16 remedies are to keep activations small (normalisation
 # layers, a scaled initialisation) or to run the offending op in float32, which is what
 # autocast's float32 list does for ops whose insides need range or precision (on CUDA,
-# softmax and layer_norm, section 4).
+# softmax and layer_norm, section 1).
 
 # %% [markdown]
-# ## 6. What a training step keeps
+# ### On a GPU: the `torch.amp` spelling, and bfloat16 or float16
+#
+# This lesson's step runs on the CPU; on a GPU the same code takes `"cuda"` as its first
+# argument: `torch.autocast("cuda", dtype=torch.bfloat16)` (also spelled
+# `torch.amp.autocast("cuda", ...)`) and `torch.amp.GradScaler("cuda")`. Older code and
+# many tutorials write `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()`.
+#
+# **Predict.** A guess: what does PyTorch 2.13.0 do with the old names: raise, warn, or
+# quietly accept them?
+
+
+# %%
+def warnings_of(make):
+    """(what make() returned, the warnings it raised), caught here so that none escapes."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        made = make()
+    return made, caught
+
+
+old_names = {"torch.cuda.amp.autocast": (lambda: torch.cuda.amp.autocast(dtype=torch.bfloat16), torch.amp.autocast),
+             "torch.cuda.amp.GradScaler": (lambda: torch.cuda.amp.GradScaler(), torch.amp.GradScaler)}
+for name, (make, new_class) in old_names.items():
+    made, caught = warnings_of(make)
+    future = [w for w in caught if w.category is FutureWarning]  # a GPU-less run adds a UserWarning
+    print(f"{name}(): {future[0].category.__name__}: {future[0].message}")
+    print(f"  what it makes is a {new_class.__module__}.{new_class.__name__}: {isinstance(made, new_class)}")
+
+# %% [markdown]
+# Output:
+# ```text
+# torch.cuda.amp.autocast(): FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated. Please use `torch.amp.autocast('cuda', args...)` instead.
+#   what it makes is a torch.amp.autocast_mode.autocast: True
+# torch.cuda.amp.GradScaler(): FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated. Please use `torch.amp.GradScaler('cuda', args...)` instead.
+#   what it makes is a torch.amp.grad_scaler.GradScaler: True
+# ```
+#
+# The old names still work, as thin subclasses of the `torch.amp` classes that pass
+# `"cuda"` as the device (read from `torch/cuda/amp/autocast_mode.py` and
+# `grad_scaler.py` beside it), and each warns with a `FutureWarning` that names its
+# replacement: a future release may remove them. Write the new spelling. (Without a GPU
+# each also warns that it disables itself; that warning is not the deprecation.)
+#
+# Which format on which GPU? bfloat16 gets fast tensor-core matmuls on NVIDIA GPUs of
+# compute capability 8.0 (A100; RTX 30 cards are 8.6) and later, TF32 too; float16 has
+# them from Volta (7.0) on. So on Ampere or later, bfloat16 autocast without a scaler is
+# the simpler recipe (no scale, no skipped steps, no forward overflow); on older GPUs, float16
+# with `GradScaler` is the fast one (unverified on a GPU). `torch.cuda.is_bf16_supported()`
+# answers for your GPU, but read it closely: it returns True for capability 8.0 or later
+# and, by default, also where an older GPU can only emulate bfloat16; pass
+# `including_emulation=False` to ask about the hardware (read from `torch/cuda/__init__.py`).
+
+# %% [markdown]
+# ## 3. What a training step keeps
 #
 # Take an MLP 1024 → 4096 → 1024 (8,393,728 parameters) trained with AdamW under CPU
 # bfloat16 autocast, the usual PyTorch recipe: float32 parameters, bfloat16 matmuls. We
@@ -953,7 +697,7 @@ def weight_copies(saved, model):
 
 mlp = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024))
 opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
-batch = torch.randn(2, 1024)  # (B, 1024): a tiny batch (bf16 may be slow here, section 4)
+batch = torch.randn(2, 1024)  # (B, 1024): a tiny batch (bf16 may be slow here, section 1)
 saved = []  # everything autograd keeps for backward
 with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -1063,12 +807,12 @@ for name, count in cast_counts.items():
 # And the split matters when tensors travel between processes: float32 gradients make a
 # data-parallel all-reduce move 4 bytes per parameter. Reducing them in 16 bits would
 # halve that, but a sum of many ranks' gradients in bfloat16 rounds every partial sum to 8
-# bits, as section 2's sums and section 4's loss did. Lesson 11's FSDP2 setup splits it the
+# bits, as lesson 05a's sums and section 1's loss did. Lesson 11's FSDP2 setup splits it the
 # way this section does: it gathers the weights for compute in bfloat16 (2 bytes per
 # parameter) and reduces the gradients in float32.
 
 # %% [markdown]
-# ## 7. AdamW is a few lines of NumPy
+# ## 4. AdamW is a few lines of NumPy
 #
 # The state counted above, `exp_avg` and `exp_avg_sq`, is Adam's first and second moment.
 # Here is AdamW written out in NumPy, trained side by side with `torch.optim.AdamW` on a
@@ -1083,8 +827,14 @@ for name, count in cast_counts.items():
 
 
 # %%
-def load_data(path):
-    """(x_train, y_train, x_val, y_val) as float64 / int64 NumPy arrays."""
+def load_data(name="four_classes.csv"):
+    """(x_train, y_train, x_val, y_val) as float64 / int64 NumPy arrays, from <repo>/data/ or
+    from the lesson folder."""
+    places = [HERE.parent.parent / "data" / name, HERE / name]
+    path = next((p for p in places if p.is_file()), None)
+    if path is None:
+        raise FileNotFoundError(f"{name} not found in {[str(p) for p in places]}: copy "
+                                f"data/{name} from the course repository next to this lesson")
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     x = np.array([[float(r["x1"]), float(r["x2"])] for r in rows])  # (N, 2)
@@ -1117,7 +867,7 @@ def softmax(z):
 
 
 # %%
-x_tr, y_tr, x_val, y_val = load_data(HERE.parent.parent / "data" / "four_classes.csv")
+x_tr, y_tr, x_val, y_val = load_data()
 LR, DECAY, BATCH, STEPS = 0.05, 0.1, 16, 300
 model = torch.nn.Linear(2, 4, dtype=torch.float64)
 torch.nn.init.zeros_(model.weight)
@@ -1147,6 +897,7 @@ acc_np = ((x_val @ W.T + b).argmax(1) == y_val).mean()
 ULP = 2.0**-52  # float64's step between 1 and 2
 halves = max(gaps[: STEPS // 2]) / ULP, max(gaps[STEPS // 2 :]) / ULP
 print(f"largest gap in units of 2**-52: steps 1-150 {halves[0]:.0f}, steps 151-300 {halves[1]:.0f}")
+print(f"second half within 2 x the first + 2 units: {halves[1] <= 2 * halves[0] + 2}")
 print(f"below 16 x 2**-52 = {16 * ULP:.1e} at every step: {max(gaps) < 16 * ULP}; ln 4 = {math.log(4):.4f}")
 w_abs = np.abs(W)
 print(f"weights' sizes {w_abs.min():.2f} to {w_abs.max():.2f}; "
@@ -1160,116 +911,137 @@ print(f"weights' sizes {w_abs.min():.2f} to {w_abs.max():.2f}; "
 # step 100: loss 0.4182, largest weight gap «number»
 # step 300: loss 0.3553, largest weight gap «number»
 # largest gap in units of 2**-52: steps 1-150 «number», steps 151-300 «number»
+# second half within 2 x the first + 2 units: True
 # below 16 x 2**-52 = 3.6e-15 at every step: True; ln 4 = 1.3863
 # weights' sizes 1.12 to 1.68; validation accuracy: torch 0.865, numpy 0.865
 # ```
 #
 # At step 1 all logits are 0, the softmax is uniform over 4 classes, and the loss is
-# −ln(1/4) = ln 4 = 1.3863. The two optimizers then agree for all 300 steps to within a few
-# units in the last place of weights of size 1 to 2, where float64's numbers are 2**-52 =
-# 2.2e-16 apart (the exact count depends on the CPU's kernels, hence «number» above), and
-# the second half of the run is no worse than the first: the gap is rounding, and it does
-# not grow. It is there because PyTorch evaluates algebraically equal formulas arranged
-# differently (`exp_avg.lerp_(grad, 1 - beta1)` for the running average, the bias
-# corrections folded into the step size and the denominator). `torch.optim.AdamW` *is* the
-# few lines of `NumpyAdamW.step`. The clouds overlap, so a linear classifier cannot be
-# perfect: 86.5% of the validation points land on their own side.
+# −ln(1/4) = ln 4 = 1.3863. The two optimizers then agree for all 300 steps to within a
+# few units in the last place of weights of size 1 to 2, where float64's numbers are
+# 2**-52 = 2.2e-16 apart (the exact count depends on the CPU's kernels, hence «number»
+# above), and the second half's gap stays within twice the first's (plus 2 units): it is
+# rounding, and it does not grow. It is there because PyTorch evaluates algebraically
+# equal formulas arranged differently (`exp_avg.lerp_(grad, 1 - beta1)` for the running
+# average, the bias corrections folded into the step size and the denominator).
+# `torch.optim.AdamW` *is* the few lines of `NumpyAdamW.step`. The clouds overlap, so a
+# linear classifier cannot be perfect: 86.5% of the validation points land on their own
+# side.
 
-# %% [markdown]
-# ## 8. Picture it: three number lines
-#
-# **Predict.** On a log scale from 1e-46 to 1e39, where does each format hold normal
-# numbers, where only subnormals, and where does it overflow?
-
-
-# %%
-def plot_formats(formats, marks=(1e-8, 7e4)):
-    """One horizontal line per format: subnormal range, normal range, overflow, on log x."""
-    fig, ax = plt.subplots(figsize=(9, 2.8))
-    right = 1e40  # the plot's right edge: "overflow" runs from max to here
-    for row, (name, dtype) in enumerate(formats.items()):
-        _, _, big, tiny, sub, _ = format_row(dtype)
-        for lo, hi, part, color in [(sub, tiny, "subnormal", "tab:orange"),
-                                    (tiny, big, "normal", "tab:blue"),
-                                    (big, right, "overflow", "tab:red")]:
-            ax.barh(row, hi - lo, left=lo, height=0.5, color=color, label=f"{name} {part}")
-    for v in marks:
-        ax.axvline(v, color="black", linestyle=":", linewidth=1)
-        ax.text(v * 3, -0.7, f"{v:g}", va="center")  # just right of the line, above the bars
-    ax.set_xscale("log")
-    ax.set_xlim(1e-46, right)
-    ax.set_ylim(len(formats) - 0.5, -1.0)  # inverted: the first format on top
-    ax.set_yticks(range(len(formats)), list(formats))
-    ax.set_xlabel("magnitude (log scale)")
-    ax.set_title("orange: subnormal, blue: normal, red: overflow to inf")
-    fig.tight_layout()
-    return fig
-
-
-# %%
-fig = plot_formats(FORMATS)
-fig.savefig(HERE / "formats.png", dpi=100)
-print("saved formats.png")
-
-# %% [markdown]
-# Output:
-# ```text
-# saved formats.png
-# ```
-#
-# float32 and bfloat16 cover the same 76 decades of normal numbers (bfloat16's subnormals
-# stop earlier, at 9e-41, because it has fewer mantissa bits to give up). float16's normal
-# range is a band of 9 decades, from 6e-5 to 65,504, with subnormals down to 6e-8: the
-# dotted line at 1e-8 falls off its left end, the one at 70,000 into its overflow. What the
-# picture does not show is precision: 8 significant bits (about 2.4 decimal digits) for
-# bfloat16, 11 (3.3 digits) for float16, 24 (7.2 digits) for float32, the same relative
-# precision everywhere in each format's normal range.
 
 # %% [markdown]
 # ## Summary
 #
-# - float32 (8 exponent, 23 mantissa bits), float16 (5, 10) and bfloat16 (8, 7): bfloat16
-#   has float32's range and little precision; float16 more precision and a range of
-#   6e-8 (subnormal) to 65,504.
-# - Small updates vanish in bfloat16 (1 + 10,000 × 1e-4 stays 1; at lr 1e-5, 85% of
-#   weights of size 0.02 do not move), so master weights and optimizer state stay in
-#   float32; only the matmuls run in 16 bits.
-# - float16 needs loss scaling: multiply the loss, unscale the gradients in float32.
-#   `GradScaler` starts at 2**16, skips the step and halves on inf/NaN, doubles after
-#   `growth_interval` clean steps; a dozen lines reproduce its decisions exactly.
-# - fp8: float8_e4m3fn (3 mantissa bits, up to 448, saturating casts in 2.13.0) and
-#   float8_e5m2 (2 bits, up to 57,344); small values need a per-tensor scale from the
-#   tensor's largest magnitude, loss scaling for every tensor.
 # - CPU autocast runs linear/matmul in bfloat16, keeps softmax and layer_norm in their
 #   input dtype (CUDA's lists put them in float32), and returns float32 cross-entropy:
 #   on the CPU because `cross_entropy_loss` is on its float32 list, on CUDA because the op
 #   decomposes into `log_softmax`, which keeps the bfloat16 dtype the decomposition asks
 #   for, and `nll_loss`, which is on CUDA's float32 list. Compute the loss on
-#   `logits.float()`: a bfloat16 `nll_loss` sums in bfloat16 and lands a step off.
-# - Whether a 16-bit matmul is faster than float32 on a CPU depends on its instructions
-#   (AVX-512 BF16, AMX): measure it. Without them it can be tens of times slower.
+#   `logits.float()`: a bfloat16 `nll_loss` sums in bfloat16 and lands a step off. Whether
+#   a 16-bit matmul beats float32 on a CPU depends on its instructions: measure it.
+#   `set_float32_matmul_precision` writes the per-backend `fp32_precision` settings, not
+#   the other way round: use one of the two.
 # - The step's order: zero grads, forward under autocast, `scaler.scale(loss).backward()`,
 #   `scaler.unscale_(opt)`, clip (and log the norm), `scaler.step`, `scaler.update`,
 #   `sched.step()`. Clipping before `unscale_` clips scaled gradients: the optimizer then
 #   gets a gradient `scale` times too small (Adam hides it: only its `eps` notices).
 #   bfloat16 keeps tiny gradients without a scaler. An activation past 65,504 makes every
 #   float16 step inf, whatever the scale: `GradScaler` skips and halves, step after step.
+#   `torch.cuda.amp.*` warns with a FutureWarning: write `torch.amp.*("cuda")`.
 # - A mixed-precision AdamW step keeps 16 bytes per parameter (4 weights, 4 gradients,
 #   8 moments), plus the bfloat16 weight copies saved for backward during the step (about
 #   2 bytes per parameter when inputs need gradients); autocast casts each weight once per
 #   region.
 # - `torch.optim.AdamW` matches a few lines of NumPy to rounding level in float64, step
 #   after step.
-# - On a GPU the 16-bit (and fp8) matmuls are the fast ones, and CUDA autocast has its own
-#   rules, `softmax` and `layer_norm` in float32 among them (unverified on a GPU).
+
+# %% [markdown]
+# ## Going further
+#
+# ### The three bands of a 16-bit matmul on a CPU
+#
+# Section 1's ratios fall into three bands, set by your CPU's instructions. Up to about 3:
+# the CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX), which oneDNN uses when
+# the instructions are there; even then bfloat16 need not beat float32 at 128×128, and
+# converting to float32 first (the last line) can win. Around 5: AVX-512 without BF16,
+# where oneDNN converts inside its kernel. Ten to a hundred or more: neither, and the
+# product runs in a generic loop, not in a tuned kernel. float16 is slower than float32 on
+# most CPUs, tens of times: only recent server CPUs (AMX-FP16, AVX512-FP16) multiply it
+# natively, and at this size even they take one to two times as long as for float32.
+# `lscpu` lists your CPU's flags (`avx512_bf16`, `amx_bf16`, `avx512_fp16`): compare them
+# with your timings. `torch.backends.cpu.get_cpu_capability()` names the vector
+# instructions PyTorch's own kernels use (`AVX512`, `AVX2` or `DEFAULT`), which is not the
+# same question.
+#
+# ### The `dtype` that `cross_entropy_loss` passes to `log_softmax`
+#
+# Section 1 said that the decomposition of `cross_entropy_loss` asks `log_softmax` for the
+# logits' own dtype, which is why CUDA's rule leaves that `log_softmax` in bfloat16. The
+# profiler shows it: it records the arguments of every op it sees (`record_shapes=True`), so
+# compare those of the `log_softmax` inside `F.cross_entropy` with those of `log_softmax`
+# calls whose `dtype` we choose.
+#
+# **Predict.** Which `dtype` does it pass for section 1's bfloat16 logits: none, bfloat16
+# or float32?
+
+
+# %%
+def log_softmax_dtype_arg(fn):
+    """The `dtype` argument of the aten::log_softmax call inside fn, as the profiler records it."""
+    with torch.profiler.profile(record_shapes=True) as prof:
+        fn()
+    return next(e.concrete_inputs[2] for e in prof.events() if e.name == "aten::log_softmax")
+
+
+arg_of = {d: log_softmax_dtype_arg(lambda d=d: F.log_softmax(logits, -1, dtype=d))
+          for d in (None, torch.bfloat16, torch.float32)}  # the recorded form of each choice
+ce_arg = log_softmax_dtype_arg(lambda: F.cross_entropy(logits, labels))  # bfloat16 logits
+ce_dtype = next(d for d, a in arg_of.items() if a == ce_arg)
+print(f"cross_entropy_loss on {logits.dtype} logits calls log_softmax with dtype={ce_dtype}")
+
+# %% [markdown]
+# Output:
+# ```text
+# cross_entropy_loss on torch.bfloat16 logits calls log_softmax with dtype=torch.bfloat16
+# ```
+#
+# It passes bfloat16, the logits' own: a `dtype` that is set, which CUDA's
+# `fp32_set_opt_dtype` rule keeps (unverified on a GPU). Computing the loss on
+# `logits.float()` makes the question moot on every device.
+
+# %% [markdown]
+# ## References
+#
+# - [`torch.amp`](https://docs.pytorch.org/docs/2.13/amp.html): autocast and `GradScaler`,
+#   with the per-device op lists that section 1 reads from the dispatcher.
+# - [`torch.autocast`](https://docs.pytorch.org/docs/2.13/generated/torch.autocast.html): the
+#   context manager, its `device_type` and `dtype`.
+# - [`torch.set_float32_matmul_precision`](https://docs.pytorch.org/docs/2.13/generated/torch.set_float32_matmul_precision.html):
+#   "highest", "high" and "medium", and the bfloat16 decomposition behind "high".
+# - [`torch.backends`](https://docs.pytorch.org/docs/2.13/backends.html): the per-backend
+#   `fp32_precision` settings of cuBLAS, cuDNN and oneDNN.
+# - [`torch.cuda.is_bf16_supported`](https://docs.pytorch.org/docs/2.13/generated/torch.cuda.is_bf16_supported.html):
+#   whether your GPU has bfloat16, natively or emulated.
+# - [`torch.nn.utils.clip_grad_norm_`](https://docs.pytorch.org/docs/2.13/generated/torch.nn.utils.clip_grad_norm_.html)
+#   and [`torch.optim.AdamW`](https://docs.pytorch.org/docs/2.13/generated/torch.optim.AdamW.html):
+#   the clipping and the optimizer of sections 2 to 4.
+# - Micikevicius et al., [Mixed Precision Training](https://arxiv.org/abs/1710.03740) (2017):
+#   the float16 recipe of section 2, master weights and loss scaling.
+# - Henry et al., [Leveraging the bfloat16 Artificial Intelligence Datatype For Higher-Precision Computations](https://arxiv.org/abs/1904.06376)
+#   (2019): float32 products from bfloat16 pieces, what `"high"` may use.
+# - Loshchilov and Hutter, [Decoupled Weight Decay Regularization](https://arxiv.org/abs/1711.05101)
+#   (2017): AdamW; Kingma and Ba, [Adam](https://arxiv.org/abs/1412.6980) (2014): its moments
+#   and bias corrections.
 
 # %% [markdown]
 # ## Read the source
 #
-# Open these files in your editor: each path is relative to the folder that holds your
-# installed `torch` (your site-packages), and the line numbers are those of your
-# installation. The stops follow a mixed-precision step: autocast's op lists and its cast
-# cache, then `GradScaler`'s unscale, skip and update, then the AdamW update itself.
+# Where PyTorch implements what this lesson showed. Open each file in your editor at the
+# line printed: the paths are inside the torch you installed, so the line numbers are
+# those of your installation. The stops follow a mixed-precision step: autocast's op lists
+# (the CPU's in a C++ file the wheel does not ship, printed as a link at your release's tag)
+# and its cast cache, the float32 matmul settings, the bfloat16 check for a GPU, then the
+# AdamW update itself.
 
 # %%
 sys.path.insert(0, str(HERE.parent))  # lessons/: the course's source map, sourcemap.py
@@ -1282,8 +1054,8 @@ read_the_source([
      "below, and `cross_entropy_loss` is in neither, so on CUDA it falls through and "
      "decomposes. `enum class CastPolicy`, further up, says what each list's rule does: "
      "`fp32` casts the inputs up, `fp32_set_opt_dtype` only fills in a `dtype` argument the "
-     "call left unset (`set_opt_dtype`, just above it, keeps one that is set, as in section "
-     "4's `log_softmax` call)."),
+     "call left unset (`set_opt_dtype`, just above it, keeps one that is set, as in the "
+     "`log_softmax` call of *Going further*)."),
     ("pytorch:aten/src/ATen/autocast_mode.cpp", "TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)",
      "CPU autocast's own lists, op by op: `mm` and `linear` under `lower_precision_fp`, "
      "`cross_entropy_loss` and `nll_loss` under `fp32`, no `softmax` and no `layer_norm`. "
@@ -1293,23 +1065,24 @@ read_the_source([
      "Leaving the outermost autocast region (`autocast_decrement_nesting() == 0`) calls "
      "`torch.clear_autocast_cache()`: the cached weight copies are dropped, so the next "
      "region casts every weight again."),
-    ("torch/amp/grad_scaler.py", "def unscale_(",
-     "Multiplies the gradients by the reciprocal of the scale (computed in float64, except on "
-     "MPS) through `_unscale_grads_`, which, called from here with `allow_fp16=False`, refuses "
-     "float16 gradients, and records the stage `UNSCALED` so "
-     "that `step()` does not divide again; `_maybe_opt_step` below calls `optimizer.step()` "
-     "only when no inf/NaN was found, and `update()` hands the scale to `torch._amp_update_scale_`."),
-    ("pytorch:aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp", "_amp_update_scale_cpu_kernel(",
-     "the skip/halve/double rule on the CPU: after an inf/NaN the scale is multiplied by "
-     "`backoff_factor` and the growth tracker reset to 0; otherwise the tracker counts the "
-     "clean step, and when it reaches `growth_interval` the scale is multiplied by "
-     "`growth_factor` (unless that would overflow) and the tracker restarts."),
+    ("torch/include/ATen/Context.h", "enum class TORCH_API Float32Precision",
+     "The values an `fp32_precision` setting takes, and the comment above them: `NONE` "
+     "means inherit, `DEFAULT` the backend's legacy default. Further down, the table "
+     "`fp32_precision` holds every (backend, op) pair's start: `NONE` for matmuls (TF32 "
+     "only if the environment sets `TORCH_ALLOW_TF32_CUBLAS_OVERRIDE`), `DEFAULT` for "
+     "cuDNN's convolutions and RNNs, whose legacy default `allow_tf32_cudnn = true`, a "
+     "little above, makes section 1's `tf32`."),
+    ("torch/cuda/__init__.py", "def is_bf16_supported(",
+     "True on ROCm, False without CUDA, True for compute capability 8.0 or later, and "
+     "otherwise, unless `including_emulation=False`, True if a bfloat16 tensor can be "
+     "created at all: emulated bfloat16 counts by default. `is_tf32_supported` below asks "
+     "for native bfloat16."),
     ("torch/optim/adam.py", "def _single_tensor_adam(",
      "The per-parameter loop that `torch.optim.AdamW` (an `Adam` with "
      "`decoupled_weight_decay=True`) runs on CPU tensors by default: `param.mul_(1 - lr * "
      "weight_decay)`, `exp_avg.lerp_(grad, 1 - beta1)`, and the bias corrections folded into "
-     "`step_size` and `denom` before one `addcdiv_`, the rearrangement behind section 7's "
-     "rounding-level gap."),
+     "`step_size` and `denom` before one `addcdiv_`, the rearrangement behind section "
+     "4's rounding-level gap."),
 ])
 
 # %% [markdown]
@@ -1322,8 +1095,8 @@ read_the_source([
 #     and `cross_entropy_loss` is in neither, so on CUDA it falls through and decomposes.
 #     `enum class CastPolicy`, further up, says what each list's rule does: `fp32` casts
 #     the inputs up, `fp32_set_opt_dtype` only fills in a `dtype` argument the call left
-#     unset (`set_opt_dtype`, just above it, keeps one that is set, as in section 4's
-#     `log_softmax` call).
+#     unset (`set_opt_dtype`, just above it, keeps one that is set, as in the
+#     `log_softmax` call of *Going further*).
 # https://github.com/pytorch/pytorch/blob/v«version»/aten/src/ATen/autocast_mode.cpp
 #     search for `TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)`: CPU autocast's own lists, op
 #     by op: `mm` and `linear` under `lower_precision_fp`, `cross_entropy_loss` and
@@ -1334,54 +1107,55 @@ read_the_source([
 #     Leaving the outermost autocast region (`autocast_decrement_nesting() == 0`) calls
 #     `torch.clear_autocast_cache()`: the cached weight copies are dropped, so the next
 #     region casts every weight again.
-# torch/amp/grad_scaler.py:«line»  `def unscale_(`
-#     Multiplies the gradients by the reciprocal of the scale (computed in float64, except
-#     on MPS) through `_unscale_grads_`, which, called from here with `allow_fp16=False`,
-#     refuses float16 gradients, and records the stage `UNSCALED` so that `step()` does
-#     not divide again; `_maybe_opt_step` below calls `optimizer.step()` only when no
-#     inf/NaN was found, and `update()` hands the scale to `torch._amp_update_scale_`.
-# https://github.com/pytorch/pytorch/blob/v«version»/aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp
-#     search for `_amp_update_scale_cpu_kernel(`: the skip/halve/double rule on the CPU:
-#     after an inf/NaN the scale is multiplied by `backoff_factor` and the growth tracker
-#     reset to 0; otherwise the tracker counts the clean step, and when it reaches
-#     `growth_interval` the scale is multiplied by `growth_factor` (unless that would
-#     overflow) and the tracker restarts.
+# torch/include/ATen/Context.h:«line»  `enum class TORCH_API Float32Precision`
+#     The values an `fp32_precision` setting takes, and the comment above them: `NONE`
+#     means inherit, `DEFAULT` the backend's legacy default. Further down, the table
+#     `fp32_precision` holds every (backend, op) pair's start: `NONE` for matmuls (TF32
+#     only if the environment sets `TORCH_ALLOW_TF32_CUBLAS_OVERRIDE`), `DEFAULT` for
+#     cuDNN's convolutions and RNNs, whose legacy default `allow_tf32_cudnn = true`, a
+#     little above, makes section 1's `tf32`.
+# torch/cuda/__init__.py:«line»  `def is_bf16_supported(`
+#     True on ROCm, False without CUDA, True for compute capability 8.0 or later, and
+#     otherwise, unless `including_emulation=False`, True if a bfloat16 tensor can be
+#     created at all: emulated bfloat16 counts by default. `is_tf32_supported` below asks
+#     for native bfloat16.
 # torch/optim/adam.py:«line»  `def _single_tensor_adam(`
 #     The per-parameter loop that `torch.optim.AdamW` (an `Adam` with
 #     `decoupled_weight_decay=True`) runs on CPU tensors by default: `param.mul_(1 - lr *
 #     weight_decay)`, `exp_avg.lerp_(grad, 1 - beta1)`, and the bias corrections folded
 #     into `step_size` and `denom` before one `addcdiv_`, the rearrangement behind section
-#     7's rounding-level gap.
+#     4's rounding-level gap.
 # ```
 
 # %% [markdown]
 # ## Mastery check
 #
-# 1. **Explain.** bfloat16 has float32's exponent range. Why, then, does a bfloat16
-#    recipe still keep the master weights and AdamW's state in float32?
+# 1. **Explain.** Under autocast, cross-entropy comes out float32 on the CPU and on a GPU.
+#    Does autocast intercept the same op on both devices?
 #
 #    <details><summary>Answer</summary>
 #
-#    Range is not the problem: bfloat16 keeps 1e-8 (as 1.00117e-08) and 70,000 (as
-#    70,144) where float16 gives 0 and inf; precision is: with 7 mantissa bits its step at
-#    1.0 is 0.00781 (*§ Three formats, one table*). So 1 + 10,000 × 1e-4, a running sum of
-#    small updates, stays 1.0000, and at lr 1e-5, 84.5% of weights of size 0.02 do not move
-#    at all, against 0.0% in float32 (*§ Why the weights stay in float32*). Small updates,
-#    to a weight or to a running sum, need float32 to land.
+#    No. `aten::cross_entropy_loss` has an `AutocastCPU` kernel but no `AutocastCUDA` one;
+#    it is `CompositeImplicitAutograd`, so on CUDA it decomposes and autocast acts on the
+#    pieces, `log_softmax.int` and `nll_loss`, which have `AutocastCUDA` kernels. Do not
+#    lean on either list: outside autocast, the same bfloat16 logits give a loss of 3.5625
+#    against 3.5418 from `logits.float()`
+#    (*§ Autocast on the CPU: which ops run in bfloat16*).
 #
 #    </details>
 #
-# 2. **Predict.** `GradScaler("cpu", growth_interval=3)` starts at 65,536. A gradient of
-#    3.0 arrives at steps 3 and 4, small ones at every other step. Which steps run, and at
-#    what scale does step 8 run?
+# 2. **Spot the bug.** A training script starts with
+#    `torch.backends.cuda.matmul.fp32_precision = "tf32"`; a library it imports later calls
+#    `torch.get_float32_matmul_precision()`. What happens, and what would have kept the two
+#    in step?
 #
 #    <details><summary>Answer</summary>
 #
-#    Steps 3 and 4 are skipped: 3.0 × 65,536 and 3.0 × 32,768 both overflow float16, and
-#    each skip halves the scale, to 16,384. The clean-step count restarts at each overflow,
-#    so steps 5, 6 and 7 are the three clean steps that double it: step 8 runs at 32,768,
-#    and a dozen lines of our own make the same decisions as `GradScaler`
-#    (*§ A dynamic loss scaler*).
+#    The library's call raises a `RuntimeError` about a mix of the legacy and new APIs: the
+#    new per-backend setting is not written back to the old one, which cannot describe it.
+#    The link runs one way only: `set_float32_matmul_precision("high")` writes `tf32` into
+#    `cuda.matmul.fp32_precision` (*§ Float32 matmuls with fewer bits inside*). Use one of
+#    the two in a program.
 #
 #    </details>
 #
@@ -1400,19 +1174,15 @@ read_the_source([
 #
 #    </details>
 #
-# 4. **Explain.** Under autocast, cross-entropy comes out float32 on the CPU and on a GPU.
-#    Does autocast intercept the same op on both devices?
+# 4. **Predict.** A model's activations reach 81,920 in one layer. Its float16 run uses a
+#    `GradScaler`; what do the first three steps do? And the same model under bfloat16?
 #
 #    <details><summary>Answer</summary>
 #
-#    No. `aten::cross_entropy_loss` has an `AutocastCPU` kernel but no `AutocastCUDA` one;
-#    it is `CompositeImplicitAutograd`, so on CUDA it decomposes and autocast acts on the
-#    pieces, `log_softmax.int` and `nll_loss`, which have `AutocastCUDA` kernels. The
-#    decomposition calls `log_softmax` with `dtype=torch.bfloat16`, the logits' own, which
-#    CUDA's rule for it keeps; `nll_loss`'s float32 rule is the one that casts up. Do not
-#    lean on either list: outside autocast, the same bfloat16 logits give a loss of 3.5625
-#    against 3.5418 from `logits.float()`
-#    (*§ Autocast on the CPU: which ops run in bfloat16*).
+#    Every float16 step sees an inf loss, whatever the scale: the overflow happens in the
+#    forward pass, before any scaling. `GradScaler` skips each step and halves the scale
+#    (65,536, 32,768, 16,384, then 8,192), and the weights never move. bfloat16 has
+#    float32's range and holds 81,920 exactly (*§ A forward pass that overflows float16*).
 #
 #    </details>
 #
@@ -1434,11 +1204,11 @@ read_the_source([
 # %% [markdown]
 # ## Exercises
 #
-# Open `exercises.py` in this folder and implement `DynamicLossScaler`: the loss scaler of
-# section 3 as a reusable object, with `GradScaler`'s arguments (`init_scale`,
-# `growth_factor`, `backoff_factor`, `growth_interval`), a `scale` attribute and
-# `step(scaled_grads)`, which returns the unscaled gradients or `None` when the step must
-# be skipped. Mind NaN as well as inf, growth exactly at the interval, and the clean-step
-# counter after an overflow. Check it with `make exercises N=05`: the tests replay many
-# scripted gradient sequences through your scaler and through `torch.amp.GradScaler` and
-# compare every decision. `solutions.py` has one way to write it.
+# Open `exercises.py` in this folder and implement `accumulated_step`: one optimizer step
+# from several micro-batches under autocast and a `GradScaler`, in the order of section 2.
+# Each micro-batch's loss is cross-entropy on float32 logits, divided by the number of
+# micro-batches, so that the step sees the mean loss over all of them; after the last one,
+# unscale, clip, step and update once. Return the norm `clip_grad_norm_` returned and
+# whether the optimizer stepped. Check it with `make exercises N=05b`: the tests compare
+# your step with one step on the whole batch, overflow one micro-batch, and leave stale
+# gradients behind. `solutions.py` has one way to write it.

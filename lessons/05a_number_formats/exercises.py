@@ -1,6 +1,6 @@
-"""Lesson 05 exercise: a dynamic loss scaler that decides exactly as `torch.amp.GradScaler`.
+"""Lesson 05a exercise: a dynamic loss scaler that decides exactly as `torch.amp.GradScaler`.
 
-Replace the `raise NotImplementedError` lines with your code, then run `make exercises N=05`:
+Replace the `raise NotImplementedError` lines with your code, then run `make exercises N=05a`:
 the tests feed many scripted gradient sequences (with inf and NaN at chosen steps) to your
 scaler and to `torch.amp.GradScaler` and compare the scale, the skip decision and the
 unscaled gradients at every step.

@@ -1,4 +1,4 @@
-"""Lesson 05 solution: one way to write `DynamicLossScaler` (same contract as exercises.py)."""
+"""Lesson 05a solution: one way to write `DynamicLossScaler` (same contract as exercises.py)."""
 
 from __future__ import annotations
 
