@@ -1,19 +1,20 @@
-"""Lesson 06 exercises: counting FLOPs and timing queued work.
+"""Lesson 06b exercises: counting FLOPs.
 
-Replace each `raise NotImplementedError` with your code, then run `make exercises N=06`.
-The FLOP tests compare your counts with `torch.utils.flop_counter.FlopCounterMode` on many
-shapes; the timing tests run your function on a simulated GPU queue with a fake clock, so
-they are exact and fast.
+Replace each `raise NotImplementedError` with your code, then run `make exercises N=06b`.
+The tests compare your counts with `torch.utils.flop_counter.FlopCounterMode` on many
+shapes, and call your functions where any torch operator raises: count from the shapes
+alone, without running torch (a helper such as `torch.broadcast_shapes`, which runs no
+operator, is fine).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 
 def matmul_flops(shape_a: Sequence[int], shape_b: Sequence[int]) -> int:
-    """The FLOPs of `torch.matmul(a, b)` for inputs of these shapes, as FlopCounterMode counts.
+    """The FLOPs of `torch.matmul(a, b)` for inputs of these shapes, as FlopCounterMode counts,
+    computed from the shapes alone, without running torch.
 
     Both shapes have at least 2 dimensions: `(..., m, k)` and `(..., k, n)`. The leading
     (batch) dimensions broadcast against each other as in any elementwise op, and every
@@ -29,7 +30,8 @@ def matmul_flops(shape_a: Sequence[int], shape_b: Sequence[int]) -> int:
 
 
 def mlp_step_flops(sizes: Sequence[int], batch: int) -> int:
-    """The matmul FLOPs of one training step of an MLP, as FlopCounterMode counts them.
+    """The matmul FLOPs of one training step of an MLP, as FlopCounterMode counts them,
+    computed from the sizes alone, without running torch.
 
     The model is `nn.Sequential` of `nn.Linear(sizes[0], sizes[1])`, an activation,
     `nn.Linear(sizes[1], sizes[2])`, ... (len(sizes) - 1 linear layers, with biases). The
@@ -43,22 +45,3 @@ def mlp_step_flops(sizes: Sequence[int], batch: int) -> int:
     1105199104
     """
     raise NotImplementedError("mlp_step_flops")
-
-
-def per_call_time(
-    fn: Callable[[], object],
-    sync: Callable[[], None],
-    calls: int,
-    warmup: int = 1,
-    clock: Callable[[], float] = time.perf_counter,
-) -> float:
-    """Seconds per call when `calls` calls of `fn` are queued back to back.
-
-    On a GPU `fn()` returns as soon as its work is queued and `sync()` waits until the queue
-    is empty. Do: `warmup` untimed calls; then time `calls` calls of `fn` with no wait
-    between them, so that the device can overlap them, such that the time contains all the
-    work of those calls and none of the warm-up's. Read the time with `clock()` (seconds; in
-    real use `time.perf_counter`, the default) and return the elapsed time divided by
-    `calls`. Call `sync` as few times as that allows.
-    """
-    raise NotImplementedError("per_call_time")

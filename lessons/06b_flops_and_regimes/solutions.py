@@ -1,10 +1,9 @@
-"""Lesson 06 solutions: one way to write the exercises in `exercises.py` (same contract)."""
+"""Lesson 06b solutions: one way to write the exercises in `exercises.py` (same contract)."""
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -25,21 +24,3 @@ def mlp_step_flops(sizes: Sequence[int], batch: int) -> int:
         mm = 2 * batch * d_in * d_out  # one (B, in) x (in, out) product
         total += mm + mm + (mm if i > 0 else 0)  # forward, weight grad, input grad
     return total
-
-
-def per_call_time(
-    fn: Callable[[], object],
-    sync: Callable[[], None],
-    calls: int,
-    warmup: int = 1,
-    clock: Callable[[], float] = time.perf_counter,
-) -> float:
-    """Seconds per call of `calls` queued calls, synchronised only before and after them."""
-    for _ in range(warmup):
-        fn()
-    sync()  # drain the warm-up's work so it does not land inside the clock
-    t0 = clock()
-    for _ in range(calls):
-        fn()  # queued: no wait between calls
-    sync()  # the work is done only now
-    return (clock() - t0) / calls
