@@ -1,4 +1,4 @@
-"""Lesson 07 solutions: one way to write the exercises in `exercises.py` (same contracts)."""
+"""Lesson 07b solutions: one way to write the exercises in `exercises.py` (same contracts)."""
 
 from __future__ import annotations
 
@@ -6,24 +6,6 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
-
-
-def sdpa_reference(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
-    """SDPA's contract in matmul + softmax (see exercises.py)."""
-    if enable_gqa:
-        groups = q.shape[-3] // k.shape[-3]  # consecutive query heads share a KV head
-        k, v = k.repeat_interleave(groups, -3), v.repeat_interleave(groups, -3)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, Hq, L, S)
-    if is_causal:
-        L, S = scores.shape[-2:]
-        attn_mask = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()  # upper left
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attn_mask, float("-inf"))
-    elif attn_mask is not None:
-        scores = scores + attn_mask
-    weights = torch.softmax(scores, dim=-1)
-    empty = torch.isneginf(scores).all(dim=-1, keepdim=True)  # rows with no key left
-    return weights.masked_fill(empty, 0.0) @ v  # 0 instead of NaN, as SDPA does
 
 
 def document_causal_mask(doc_lens: Sequence[int]) -> Callable:
