@@ -23,17 +23,24 @@
 #   with `to_empty`, `clip_grad_norm_` over DTensors;
 # - how 4 ranks start as 2 "nodes" (two torchrun agents, one rendezvous), and which mesh
 #   dimension belongs inside a node;
+# - compile inside DDP and FSDP2: DDPOptimizer cuts the graph at bucket boundaries; which
+#   order breaks the graph; FSDP2's hooks stay outside the compiled blocks;
 # - graded exercises: data parallelism written by hand, naive, then bucketed and overlapped.
 #
 # **Prerequisites:** lesson 09 (collectives, DeviceMesh, DTensor), lesson 10 (colwise and
-# rowwise tensor parallelism), lesson 11 (FSDP2), lesson 06 (the profiler).
+# rowwise tensor parallelism), lesson 11 (FSDP2), lesson 06a (the profiler), lessons 08a
+# and 08b (torch.compile) for section 7.
 #
 # **How to run:** `python lessons/13_composing_parallelism/composing_parallelism.py` or
 # `make lesson N=13` from the repository root, or open `composing_parallelism.ipynb`. It
 # launches `worker.py` once on 4 CPU ranks with the course's kit (`lessons/multirank.py`,
 # lesson 09; the first cell prints how long it took); every section below reads that
-# launch's output. Each printing cell is followed by an *Output* block: what it printed with
-# the pinned PyTorch (2.13.0), checked by `make test`.
+# launch's output, except section 7, which compiles in this process. Each printing cell is
+# followed by an *Output* block: what it printed with the pinned PyTorch (2.13.0), checked
+# by `make test`. Run outside the course's venv on a CUDA build without a GPU,
+# `torch.compile` may also log PyTorch's own diagnostic line `No CUDA runtime is found` to
+# stderr. It is harmless, and the course's venv (`.venv`, made by any `make lesson`) turns
+# it off.
 
 # %%
 import re
@@ -783,6 +790,327 @@ show(run, "nodes")
 # It was written without such a machine and has not been run: unverified.
 
 # %% [markdown]
+# ## 7. Compile inside the data-parallel wrapper: DDP and FSDP2
+#
+# Lesson 08b compiled a model in one process. DDP and FSDP2 both send gradients from hooks
+# that fire while autograd runs the backward, and a compiled region's backward is *one*
+# autograd node: every gradient it makes becomes ready at the same moment, when the whole
+# node has finished. So where the compiled regions begin and end decides when the
+# wrapper's hooks can fire, and whether communication overlaps the backward (section 4).
+#
+# We need no launch to watch this: a gloo process group of *one* rank can live inside this
+# notebook's process (`dist.HashStore()` is an in-memory rendezvous). Its all-reduce has
+# nothing to add, but DDP and FSDP2 do all their bookkeeping, and Dynamo sees what it sees
+# with many ranks. Each cell destroys its group and restores Dynamo's settings, so later
+# cells start clean. The backend is lesson 08b's counting backend that hands each graph
+# to `aot_eager`: real forward and backward graphs, no generated code.
+#
+# **Predict.** A stack of four `Linear(512, 512)` + ReLU layers (1 MiB of weights each) is
+# wrapped in DDP with `bucket_cap_mb=1`, a bucket size that one layer's gradients fill, and
+# compiled. How many graphs does Dynamo hand the backend with the default
+# `torch._dynamo.config.optimize_ddp=True`? With `False`? Does it matter whether you compile
+# the DDP module, `torch.compile(DDP(model))`, or compile the model and then wrap it,
+# `model.compile()` then `DDP(model)`?
+
+# %%
+import collections  # noqa: E402
+import contextlib  # noqa: E402
+
+import torch._dynamo as dynamo  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+
+# From lessons 08a and 08b: backends that keep every graph they are given, and ways to read them.
+class CountingBackend:
+    """A torch.compile backend that keeps every FX graph it is given and runs it as is."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+
+class AotCounting(CountingBackend):
+    """Keeps each graph, like CountingBackend, and hands it to aot_eager (a real backward)."""
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+
+def graph_ops(gm):
+    """The operations of an FX graph, by name: ['linear', 'relu']."""
+    calls = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    return [getattr(n.target, "__name__", str(n.target)) for n in calls]
+
+
+def graph_breaks():
+    """Dynamo's count of graph breaks by reason so far (kept whatever the log settings say)."""
+    return collections.Counter(dynamo.utils.counters["graph_break"])
+
+
+def max_gap(a, b):
+    return max((u - v).abs().max().item() for u, v in zip(a, b))
+
+
+class Stack(torch.nn.Module):
+    """n Linear(d, d) + ReLU layers, in a class of our own (below: why not nn.Sequential)."""
+
+    def __init__(self, n=4, d=512):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(n))
+
+    def forward(self, x):  # (B, d)
+        for layer in self.layers:
+            x = layer(x).relu()
+        return x
+
+
+@contextlib.contextmanager
+def one_rank_group():
+    """A gloo process group of one rank in this process: no launcher, no other rank."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def autograd_nodes(loss):
+    """The class name of every node of loss's autograd graph, each node once."""
+    seen, todo = set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo += [n for n, _ in node.next_functions]
+    return [type(node).__name__ for node in seen]
+
+
+def train_step(model, x, nodes=None):
+    """[loss, grad of each parameter] after one forward and backward (full tensors); a list
+    given as `nodes` receives the names of the loss's autograd nodes, before backward."""
+    model.zero_grad(set_to_none=True)
+    loss = model(x).square().mean()
+    if nodes is not None:
+        nodes += autograd_nodes(loss)
+    loss.backward()
+    grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in model.parameters()]
+    return [loss.detach()] + [g.clone() for g in grads]
+
+
+def ddp_graphs(order, optimize_ddp, x, ref, cap=1):
+    """Graphs captured for one DDP training step (bucket_cap_mb=cap), the gap to eager DDP's,
+    the graph breaks Dynamo met meanwhile (a Counter: reason -> count) and the number of
+    compiled backward nodes in the loss's autograd graph."""
+    dynamo.reset()
+    saved, dynamo.config.optimize_ddp = dynamo.config.optimize_ddp, optimize_ddp
+    try:
+        torch.manual_seed(0)
+        model, counting, before = Stack(), AotCounting(), graph_breaks()
+        if order == "compile(DDP(model))":
+            ddp = torch.compile(DDP(model, bucket_cap_mb=cap), backend=counting)
+        else:  # "DDP(model.compile())": compile the model, then wrap it
+            model.compile(backend=counting)
+            ddp = DDP(model, bucket_cap_mb=cap)
+        nodes = []
+        gap = max_gap(train_step(ddp, x, nodes), ref)
+        return counting.graphs, gap, graph_breaks() - before, nodes.count("CompiledFunctionBackward")
+    finally:
+        dynamo.config.optimize_ddp = saved
+        dynamo.reset()
+
+
+def graphs_word(n):
+    return f"{n} graph" + "s" * (n != 1)
+
+
+def sequential_graphs():
+    """Graphs captured by model.compile() and by torch.compile(model) for an nn.Sequential."""
+    seq, a, b = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), CountingBackend(), CountingBackend()
+    torch.compile(seq, backend=a)(torch.randn(2, 8))
+    dynamo.reset()
+    seq.compile(backend=b)
+    seq(torch.randn(2, 8))
+    dynamo.reset()
+    return len(b.graphs), len(a.graphs)
+
+
+layer_bytes = sum(p.nbytes for p in Stack().layers[0].parameters())
+print(f"one layer's parameters: {layer_bytes:,} bytes; bucket_cap_mb=1: {2**20:,} bytes")
+xd = torch.randn(8, 512)  # (B, d)
+ddp_runs = {}
+with one_rank_group():
+    torch.manual_seed(0)
+    ddp_ref = train_step(DDP(Stack(), bucket_cap_mb=1), xd)  # eager DDP
+    for order in ["compile(DDP(model))", "DDP(model.compile())"]:
+        for opt in [True, False]:
+            graphs, gap, breaks, backward_nodes = ddp_runs[order, opt] = ddp_graphs(order, opt, xd, ddp_ref)
+            per_graph = [graph_ops(gm).count("linear") for gm in graphs]
+            print(f"{order:<21} optimize_ddp={opt!s:<5}: {graphs_word(len(graphs))}, layers per graph "
+                  f"{per_graph}, CompiledFunctionBackward nodes {backward_nodes}, graph breaks {breaks.total()}, "
+                  f"loss and grads within 1e-6 of eager DDP: {gap < 1e-6}")
+print(f"dist initialized after the block: {dist.is_initialized()}, optimize_ddp: {dynamo.config.optimize_ddp}")
+seq_counts = sequential_graphs()
+print(f"nn.Sequential: model.compile() {graphs_word(seq_counts[0])}, torch.compile(model) {graphs_word(seq_counts[1])}")
+
+# %% [markdown]
+# Output:
+# ```text
+# one layer's parameters: 1,050,624 bytes; bucket_cap_mb=1: 1,048,576 bytes
+# compile(DDP(model))   optimize_ddp=True : 4 graphs, layers per graph [1, 1, 1, 1], CompiledFunctionBackward nodes 4, graph breaks 3, loss and grads within 1e-6 of eager DDP: True
+# compile(DDP(model))   optimize_ddp=False: 1 graph, layers per graph [4], CompiledFunctionBackward nodes 1, graph breaks 3, loss and grads within 1e-6 of eager DDP: True
+# DDP(model.compile())  optimize_ddp=True : 4 graphs, layers per graph [1, 1, 1, 1], CompiledFunctionBackward nodes 4, graph breaks 0, loss and grads within 1e-6 of eager DDP: True
+# DDP(model.compile())  optimize_ddp=False: 1 graph, layers per graph [4], CompiledFunctionBackward nodes 1, graph breaks 0, loss and grads within 1e-6 of eager DDP: True
+# dist initialized after the block: False, optimize_ddp: True
+# nn.Sequential: model.compile() 0 graphs, torch.compile(model) 1 graph
+# ```
+#
+# With `optimize_ddp` on (the default), Dynamo captured the forward as usual, then its
+# *DDPOptimizer* (`torch/_dynamo/backends/distributed.py`) cut it into four graphs, one per
+# layer, and handed each to the backend on its own. It walks the graph from the end (the
+# order in which backward makes the gradients ready) adding up parameter bytes, and cuts
+# where a bucket is full, using the DDP module's `bucket_cap_mb` (and 1 MiB for the first
+# bucket from the end, `dist._DEFAULT_FIRST_BUCKET_BYTES`: with a 2 MiB cap the graphs hold
+# 1, 2 and 1 layers). Each piece gets its own compiled backward (the loss's autograd graph
+# holds four `CompiledFunctionBackward` nodes with the split, one without: the lines
+# above count them), so the last
+# layer's gradients are ready, and DDP's hook can start their all-reduce, while the earlier
+# layers' backward still runs: communication overlaps computation (the reason its
+# docstring, *Note [DDPOptimizer]*, gives for the split). With `optimize_ddp=False` there
+# is one graph and one backward node: every bucket's all-reduce waits for the whole
+# backward. The same loss and gradients either way (within 1e-6: `aot_eager` runs the
+# same kernels as eager); only the time at which communication can start differs, which
+# section 4's timeline shows for FSDP2.
+#
+# Both orders gave the same graphs. DDPOptimizer is switched on by *when* Dynamo compiles,
+# not by what it was handed: Dynamo checks whether a DDP module's forward is running
+# (`DistributedDataParallel._get_active_ddp_module()`, read from
+# `torch/_dynamo/convert_frame.py`), which is the case in both orders.
+# They differ in the graph breaks. In `torch.compile(DDP(model))` ("wrap, then compile")
+# Dynamo starts tracing in DDP's own `forward`, meets Python it does not trace there
+# (DDP's bookkeeping; `TORCH_LOGS=graph_breaks` names a logger call and
+# `_inside_ddp_forward`, marked not to be traced) and breaks the graph 3 times around your
+# model's `forward`, which DDP calls and Dynamo captures as a frame of its own. Those
+# pieces of DDP held no tensor operation, so the backend never received them. (Tracing
+# DDP's `forward`, Dynamo also met the profiler `record_function` that DDP opens to label
+# its work, and ignored it: it says so on stderr, `Profiler record function ... will be
+# ignored`, once per process.) Compiling the model and then wrapping it left DDP's
+# `forward` to run eagerly: no break at all. That is the order PyTorch's page *Where to
+# apply torch.compile?* recommends, saying that `torch.compile` does not handle distributed
+# wrappers like DDP or FSDP very well; torchtitan does the same, compiling each
+# transformer block and then applying its data-parallel wrapper.
+#
+# The last line is why `Stack` is a class of our own. `model.compile()` installs
+# `torch.compile(model._call_impl)`; for an `nn.Sequential` of torch's layers, that method
+# and every `forward` below it live in torch's files, which Dynamo skips as starting
+# frames, so it captured nothing and the model ran eagerly, with no error or warning
+# (pytorch/pytorch#150915; a Sequential that holds a module of your own captures only that
+# module's `forward`, and the torch layers beside it run eagerly). `torch.compile(model)`
+# wraps the module itself and captures it. Count your graphs (a counting backend, or `TORCH_LOGS=graph`) before trusting either.
+#
+# **Predict.** FSDP2 the way torchtitan does it (section 1's order, with compile added):
+# compile each of four residual blocks, then `fully_shard` each block, then the root. How
+# many graphs? Do FSDP's all-gathers appear in them? What does a graph receive for the
+# weights: the sharded `DTensor`s that rest on the module, or plain tensors?
+
+# %%
+class Residual(torch.nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.lin = torch.nn.Linear(d, d)
+
+    def forward(self, x):  # (B, d)
+        return x + self.lin(x).relu()
+
+
+class Tower(torch.nn.Module):
+    """n residual blocks and a head: the shape of a transformer, much smaller."""
+
+    def __init__(self, n=4, d=64):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Residual(d) for _ in range(n))
+        self.head = torch.nn.Linear(d, 1)
+
+    def forward(self, x):  # (B, d) -> (B, 1)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class InputTypes(AotCounting):
+    """AotCounting that also records the type of every tensor each graph receives."""
+
+    def __init__(self):
+        super().__init__()
+        self.types = set()
+
+    def __call__(self, gm, example_inputs):
+        self.types |= {type(t).__name__ for t in example_inputs if isinstance(t, torch.Tensor)}
+        return super().__call__(gm, example_inputs)
+
+
+def fsdp_compiled(backend, n=4):
+    """torchtitan's order: compile each block, fully_shard each block, then the root."""
+    torch.manual_seed(0)
+    model = Tower(n)
+    for block in model.blocks:
+        block.compile(backend=backend)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+xf = torch.randn(8, 64)  # (B, d)
+torch.manual_seed(0)
+fsdp_ref = train_step(Tower(), xf)  # plain eager, no FSDP
+dynamo.reset()
+fsdp_backend = InputTypes()
+with one_rank_group():
+    fsdp_model = fsdp_compiled(fsdp_backend)
+    fsdp_gap = max_gap(train_step(fsdp_model, xf), fsdp_ref)
+    at_rest = type(fsdp_model.blocks[0].lin.weight).__name__
+dynamo.reset()
+print(f"4 blocks compiled: {len(fsdp_backend.graphs)} graphs, ops {[graph_ops(gm) for gm in fsdp_backend.graphs]}")
+print(f"weights at rest: {at_rest}; tensors the graphs receive: {sorted(fsdp_backend.types)}")
+print(f"one step's loss and grads within 1e-6 of the eager model without FSDP: {fsdp_gap < 1e-6}")
+
+# %% [markdown]
+# Output:
+# ```text
+# 4 blocks compiled: 2 graphs, ops [['linear', 'relu', 'add'], ['linear', 'relu', 'add']]
+# weights at rest: DTensor; tensors the graphs receive: ['Parameter', 'Tensor']
+# one step's loss and grads within 1e-6 of the eager model without FSDP: True
+# ```
+#
+# Two graphs for four blocks, as in lesson 08b's regional compilation (block 0's input
+# does not require grad, the others' do, and `requires_grad` is guarded), holding only the
+# block's own `linear`, `relu` and `add`: no collective. The parameters rest on the module
+# as sharded `DTensor`s, and the graphs receive plain `Parameter`s and `Tensor`s, no
+# `DTensor`: as `fully_shard`'s docstring describes, FSDP's forward pre-hook all-gathers
+# the shards into full parameters *before* the block's graph runs and its forward hook
+# frees them after; in backward its hooks all-gather again and reduce-scatter the block's
+# gradients once that block's compiled backward has run. Here either order gives these two
+# graphs (compile each block then `fully_shard`, or `fully_shard` then compile): the hooks
+# stay outside them both ways. torchtitan compiles first by convention (read from
+# torchtitan's `parallelize.py`). Each compiled region is one block: FSDP keeps scheduling
+# its collectives block by block around it, exactly as in eager (lesson 11 and section 4),
+# and the identical blocks share their graphs (eight blocks give the same two). FSDP2
+# keeps its hooks out of every graph: it wraps each of them in `torch._dynamo.disable`
+# (`_dynamo_disable`, in `torch/distributed/fsdp/_fully_shard/_fsdp_common.py`). So a
+# `torch.compile` of the whole sharded model does not make one graph of it either: Dynamo
+# breaks the graph where a block's hooks are called, inside the root's loop, gives up on
+# the root's `forward` (it runs eagerly) and captures only each block's `forward`, the
+# same two graphs, none with the head. Activation checkpointing goes on before the
+# compile, tensor parallelism before both: torchtitan's order is TP, activation
+# checkpointing, compile each block, then `fully_shard` each block and the root.
+
+# %% [markdown]
 # ## Summary
 #
 # - A 2-D mesh `(dp, tp)` is a grid of ranks; each dimension is a family of process groups.
@@ -805,6 +1133,12 @@ show(run, "nodes")
 #   the model. `clip_grad_norm_` over DTensors is the global norm.
 # - Several torchrun agents with one c10d rendezvous make a multi-node job; keep tp inside a
 #   node (last mesh dimension), dp across.
+# - Compiled under DDP, Dynamo cuts the graph where DDP's buckets end (`optimize_ddp=True`,
+#   the default), so each bucket's all-reduce can start during backward; compiling the DDP
+#   module also breaks the graph inside DDP's own `forward`, compiling the model and then
+#   wrapping it does not. With FSDP2, compile each block and `fully_shard` each block and
+#   the root, in either order: FSDP's hooks, never traced, stay outside the graphs. `model.compile()` on an
+#   `nn.Sequential` of torch's layers captures nothing: count graphs.
 
 # %% [markdown]
 # ## Read the source

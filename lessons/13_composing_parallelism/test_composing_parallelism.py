@@ -1,8 +1,9 @@
 """Tests of lesson 13: documented outputs; the 4 ranks' values read from the narrative's one
 launch (2 torchrun agents): the 2-D mesh and its shards, HSDP, the bytes per step of six
 strategies against formulas computed here, overlap order, activation checkpointing, meta
-init, clipping, the node mapping; the figures; the graded exercises on 2 ranks against DDP;
-the 2-D step on NCCL with 4 GPUs. (That no rank outlives the lesson is checked by the
+init, clipping, the node mapping; the figures; compile inside DDP and FSDP2 (section 7, on
+a one-rank gloo group in the lesson's own process); the graded exercises on 2 ranks against
+DDP; the 2-D step on NCCL with 4 GPUs. (That no rank outlives the lesson is checked by the
 `lesson` fixture.)
 
 Every test here launches ranks or reads the narrative's launch: all are `multirank`."""
@@ -11,9 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
+import torch._dynamo as dynamo
 
 from scripts.multirank import launch, section
-from scripts.pytest_course import import_file
+from scripts.pytest_course import autograd_node_names, import_file
 
 pytestmark = pytest.mark.multirank
 HERE = Path(__file__).parent
@@ -358,6 +361,166 @@ def test_bytes_figure(lesson):
     for i, label in enumerate(("measured", "formula", "measured, across nodes")):
         assert bars[label] == pytest.approx([rows[n][i] / 1024 for n in names])
     assert (HERE / "bytes_per_step.png").is_file()
+
+
+# ---------------------------------------------------------------------------------- 7
+# Compile inside DDP and FSDP2: in the lesson's own process, on a one-rank gloo group (moved
+# here from lesson 08 with its section).
+
+
+def test_ddp_optimizer_splits_at_bucket_boundaries(lesson):
+    ns = lesson.ns
+    ops = ns["graph_ops"]
+    for order in ["compile(DDP(model))", "DDP(model.compile())"]:
+        split, whole = ns["ddp_runs"][order, True], ns["ddp_runs"][order, False]
+        assert [ops(gm).count("linear") for gm in split[0]] == [1, 1, 1, 1]
+        assert [ops(gm).count("linear") for gm in whole[0]] == [4]
+        assert split[1] < 1e-6 and whole[1] < 1e-6
+    # the prose: compiling the DDP module breaks the graph inside DDP's own forward (its
+    # logger call, and _inside_ddp_forward, marked not to be traced); compile-then-wrap never
+    for opt in [True, False]:
+        breaks = ns["ddp_runs"]["compile(DDP(model))", opt][2]
+        assert breaks.total() == 3
+        assert any("set_runtime_stats_and_log" in reason for reason in breaks)
+        assert any("_inside_ddp_forward" in reason for reason in breaks)
+        assert ns["ddp_runs"]["DDP(model.compile())", opt][2].total() == 0
+    assert ns["layer_bytes"] > 2**20  # each layer fills a 1 MiB bucket on its own
+    assert dynamo.config.optimize_ddp is True and not torch.distributed.is_initialized()
+
+
+def test_each_ddp_piece_is_one_backward_node(lesson):
+    """The prose: a compiled region's backward is one autograd node; DDPOptimizer's split
+    gives four of them (one per bucket), optimize_ddp=False one."""
+    ns = lesson.ns
+    counts = {}
+    with ns["one_rank_group"]():
+        for opt in [True, False]:
+            dynamo.reset()
+            saved, dynamo.config.optimize_ddp = dynamo.config.optimize_ddp, opt
+            try:
+                torch.manual_seed(0)
+                ddp = torch.compile(ns["DDP"](ns["Stack"](), bucket_cap_mb=1), backend="aot_eager")
+                loss = ddp(ns["xd"]).square().mean()
+                counts[opt] = autograd_node_names(loss).count("CompiledFunctionBackward")
+                loss.backward()
+            finally:
+                dynamo.config.optimize_ddp = saved
+    dynamo.reset()
+    assert counts == {True: 4, False: 1}
+    for order in ["compile(DDP(model))", "DDP(model.compile())"]:  # what the lesson's lines print
+        assert {opt: ns["ddp_runs"][order, opt][3] for opt in [True, False]} == {True: 4, False: 1}
+
+
+def test_ddp_split_follows_the_bucket_cap(lesson):
+    """The cut moves with bucket_cap_mb: with 2 MiB, two layers share a graph. The last layer
+    stays alone: DDPOptimizer's first bucket is 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES)."""
+    ns = lesson.ns
+    x = ns["xd"]
+    with ns["one_rank_group"]():
+        torch.manual_seed(0)
+        ref = ns["train_step"](ns["DDP"](ns["Stack"](), bucket_cap_mb=2), x)
+        graphs, gap, *_ = ns["ddp_graphs"]("compile(DDP(model))", True, x, ref, cap=2)
+    assert [ns["graph_ops"](gm).count("linear") for gm in graphs] == [1, 2, 1]
+    assert gap < 1e-6
+    assert torch.distributed._DEFAULT_FIRST_BUCKET_BYTES == 2**20
+    assert dynamo.config.optimize_ddp is True and not torch.distributed.is_initialized()
+
+
+def test_fsdp2_compiled_blocks_keep_the_hooks_outside(lesson):
+    ns = lesson.ns
+    backend = ns["fsdp_backend"]
+    assert [ns["graph_ops"](gm) for gm in backend.graphs] == [["linear", "relu", "add"]] * 2
+    names = " ".join(str(n.target) for gm in backend.graphs for n in gm.graph.nodes)
+    assert "all_gather" not in names and "reduce_scatter" not in names
+    assert ns["at_rest"] == "DTensor" and "DTensor" not in backend.types
+    assert ns["fsdp_gap"] < 1e-6
+    assert isinstance(ns["fsdp_model"], torch.distributed.fsdp.FSDPModule)
+
+
+def test_fsdp2_compiled_blocks_share_two_graphs_at_depth_8(lesson):
+    """The prose: eight blocks give the same two graphs as four, the second one because block
+    0's input does not require grad and block 1's does."""
+    ns = lesson.ns
+    dynamo.reset()
+    backend = ns["InputTypes"]()
+    with ns["one_rank_group"]():
+        ns["train_step"](ns["fsdp_compiled"](backend, n=8), ns["xf"])
+    failed = [r.splitlines()[0] for v in dynamo.utils.guard_failures.values() for r in v]
+    dynamo.reset()
+    assert [ns["graph_ops"](gm) for gm in backend.graphs] == [["linear", "relu", "add"]] * 2
+    assert "DTensor" not in backend.types
+    assert len(failed) == 1 and "requires_grad mismatch" in failed[0], failed
+
+
+def test_fsdp2_either_order_gives_the_same_graphs(lesson):
+    """The prose: fully_shard each block and the root first, then compile each block, gives the
+    same two graphs, plain tensors in, and the same step as the lesson's order."""
+    ns = lesson.ns
+    fully_shard = ns["fully_shard"]
+    dynamo.reset()
+    backend = ns["InputTypes"]()
+    with ns["one_rank_group"]():
+        torch.manual_seed(0)
+        model = ns["Tower"]()
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        for block in model.blocks:
+            block.compile(backend=backend)
+        gap = ns["max_gap"](ns["train_step"](model, ns["xf"]), ns["fsdp_ref"])
+    dynamo.reset()
+    assert [ns["graph_ops"](gm) for gm in backend.graphs] == [["linear", "relu", "add"]] * 2
+    assert "DTensor" not in backend.types and gap < 1e-6
+    assert not torch.distributed.is_initialized()
+
+
+def test_fsdp2_whole_model_compile_captures_only_the_blocks(lesson):
+    """The prose: FSDP2's hooks are never traced (torch._dynamo.disable), so compiling the whole
+    sharded model breaks the graph at each block's hooks inside the root's loop; Dynamo runs
+    the root's forward eagerly and captures only the blocks' forwards, never the head."""
+    ns = lesson.ns
+    fully_shard = ns["fully_shard"]
+    dynamo.reset()
+    backend = ns["AotCounting"]()
+    with ns["one_rank_group"]():
+        torch.manual_seed(0)
+        model = ns["Tower"]()
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        gap = ns["max_gap"](ns["train_step"](torch.compile(model, backend=backend), ns["xf"]), ns["fsdp_ref"])
+    dynamo.reset()
+    assert [ns["graph_ops"](gm) for gm in backend.graphs] == [["linear", "relu", "add"]] * 2
+    assert gap < 1e-6
+    assert not torch.distributed.is_initialized()
+
+
+def test_module_compile_on_sequential_captures_nothing(lesson):
+    """pytorch/pytorch#150915 in 2.13.0: when this test fails, a release fixed it; update the
+    lesson's prose and its summary."""
+    assert lesson.ns["seq_counts"] == (0, 1)
+
+
+def test_sequential_with_a_module_of_your_own_captures_only_that_module(lesson):
+    """The prose's parenthesis: model.compile() on a Sequential that holds a module of your own
+    captures that module's forward only; the torch Linear beside it runs eagerly."""
+    ns = lesson.ns
+
+    class Mine(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    dynamo.reset()
+    backend = ns["CountingBackend"]()
+    seq = torch.nn.Sequential(Mine(), torch.nn.Linear(8, 8))
+    seq.compile(backend=backend)
+    seq(torch.randn(2, 8))
+    dynamo.reset()
+    assert [ns["graph_ops"](gm) for gm in backend.graphs] == [["linear", "relu"]]
 
 
 # ---------------------------------------------------------------------------------- GPUs

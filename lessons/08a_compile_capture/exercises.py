@@ -1,6 +1,6 @@
-"""Lesson 08 exercises: write code that torch.compile captures the way you intend.
+"""Lesson 08a exercises: write code that torch.compile captures the way you intend.
 
-Replace each `raise NotImplementedError` with your code, then run `make exercises N=08`. The
+Replace each `raise NotImplementedError` with your code, then run `make exercises N=08a`. The
 tests compile your code with a counting backend (it records each captured graph and runs
 it eagerly: no Inductor, no waiting) and compare the results with eager PyTorch.
 """
@@ -11,7 +11,7 @@ import torch
 
 
 def h_fullgraph(x: torch.Tensor) -> torch.Tensor:
-    """Section 3's `h`, without its `print`, written so that Dynamo captures ONE graph.
+    """Section 4's `h`, without its `print`, written so that Dynamo captures ONE graph.
 
     The values must be those of
 

@@ -1,4 +1,4 @@
-"""Lesson 08 solutions: one way to write the exercises in `exercises.py` (same contracts)."""
+"""Lesson 08a solutions: one way to write the exercises in `exercises.py` (same contracts)."""
 
 from __future__ import annotations
 
