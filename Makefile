@@ -78,7 +78,7 @@ test-gpu: install
 # Every cuda/multigpu test, lesson by lesson, with the figures the tests record, written to
 # results/gpu/<device>.md; without a GPU, one line and nothing written. gpu-report-here runs
 # under $(PYTHON) as it is, no venv: the lent GPU machine's python3 has its own torch (not the
-# pin) and no notebook tools. GPU_REPORT_ARGS: e.g. --lessons 07 08, --dry-run.
+# pin) and no notebook tools. GPU_REPORT_ARGS: e.g. --lessons 07b 08b, --dry-run.
 .PHONY: gpu-report gpu-report-here
 gpu-report: install
 	$(PY) -m scripts.gpu_report $(GPU_REPORT_ARGS)

@@ -2,7 +2,7 @@
 lesson, and what the GPU did, written to ``results/gpu/<device-slug>.md``.
 
     python -m scripts.gpu_report                  # make gpu-report / make gpu-report-here
-    python -m scripts.gpu_report --lessons 07 08  # some lessons only
+    python -m scripts.gpu_report --lessons 07b 08b  # some lessons only
     python -m scripts.gpu_report --dry-run        # no GPU needed: every GPU test is collected
                                                   # and skipped; the report goes under build/
 

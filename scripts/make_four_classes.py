@@ -1,9 +1,9 @@
-"""Make `data/four_classes.csv`: the small 4-class dataset lesson 05 trains on.
+"""Make `data/four_classes.csv`: the small 4-class dataset lesson 05b trains on.
 
 Four Gaussian clouds in 2-D, centred on the corners of a square and overlapping enough that
 a linear classifier cannot be perfect. 100 training and 50 validation points per class,
 drawn from NumPy's PCG64 generator with a fixed seed, so the file is the same on every run:
-`python -m scripts.make_four_classes` rewrites it byte for byte (a test of lesson 05 checks).
+`python -m scripts.make_four_classes` rewrites it byte for byte (a test of lesson 05b checks).
 """
 
 from __future__ import annotations

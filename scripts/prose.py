@@ -17,7 +17,7 @@ phrase is what the student needs, each with its reason.
 References (the ``## References`` cell) are links of two kinds: the PyTorch documentation at
 the pinned release (``https://docs.pytorch.org/docs/X.Y/...``) whose page name resolves to an
 object in the installed torch (``generated/torch.Tensor.view.html``; ``library.html`` for the
-module torch.library),
+module torch.library, ``checkpoint.html`` for torch.utils.checkpoint),
 and papers by arXiv ID (``https://arxiv.org/abs/2205.14135``).
 """
 
@@ -140,6 +140,16 @@ def resolves(dotted: str) -> bool:
     return False
 
 
+def module_pages(page: str) -> tuple[str, ...]:
+    """The objects a page name may document: itself (``torch.Tensor.view``), a module of
+    torch (``library`` -> torch.library) or of torch.utils (``checkpoint`` ->
+    torch.utils.checkpoint, ``data`` -> torch.utils.data)."""
+    if page.startswith("torch."):
+        return (page,)
+    # never the bare name: "data" would import the repository's own data/ folder
+    return (f"torch.{page}", f"torch.utils.{page}")
+
+
 def reference_problems(markdown: str, release: str) -> list[str]:
     """What is wrong with a References cell: every list item holds a link, every link is the
     pinned release's documentation of an object the installed torch has, or an arXiv paper."""
@@ -156,7 +166,7 @@ def reference_problems(markdown: str, release: str) -> list[str]:
             if docs:
                 if docs[1] != release:
                     problems.append(f"{url}: not the pinned release's documentation ({release})")
-                elif not (resolves(docs[2]) or resolves(f"torch.{docs[2]}")):  # library.html: torch.library
+                elif not any(resolves(name) for name in module_pages(docs[2])):
                     problems.append(f"{url}: {docs[2]} is not an object in the installed torch")
             elif not ARXIV.fullmatch(url):
                 problems.append(f"{url}: neither docs.pytorch.org/docs/{release}/<object>.html nor arxiv.org/abs/<id>")

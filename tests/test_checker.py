@@ -157,8 +157,8 @@ def test_the_script_runs_as_the_main_module(tmp_path):
 def test_a_failure_ends_with_how_to_accept_an_intended_change(tmp_path):
     run = checker.run_script(write(tmp_path, LESSON.replace("48 bytes\n", "64 bytes\n")))
     assert run.report().endswith("if the change is intended, run `make outputs` and review `git diff`")
-    assert checker.update_hint("lessons/07_attention/attention.py").endswith(
-        "run `make outputs N=07` and review `git diff`")
+    assert checker.update_hint("lessons/07b_attention_kernels/attention_kernels.py").endswith(
+        "run `make outputs N=07b` and review `git diff`")
     with pytest.raises(checker.LessonError, match="make outputs"):
         run.check()
     assert "make outputs" not in checker.run_script(write(tmp_path, LESSON.replace("1 / 0", ""))).report()

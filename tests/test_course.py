@@ -160,11 +160,10 @@ def test_readme_course_map_is_in_sync():
     assert readme.render(text) == text, "README.md's course map is stale: run `make readme`"
 
 
-# Lessons the re-cut issues have not reached yet (issue 32: 01-08, issue 33: 09-14). Every other
+# Lessons the re-cut issues have not reached yet (issue 33: 09-14; issue 32 re-cut 01-08). Every other
 # lesson keeps scripts/prose.py's rules; a listed lesson that already keeps them fails here
 # until it leaves the list, so the list only shrinks.
-NOT_YET_RECUT = {n: "issue 32" for n in ("03", "04", "05", "06", "07", "08")} | {
-    n: "issue 33" for n in ("09", "10", "11", "12", "13", "14")}
+NOT_YET_RECUT = {n: "issue 33" for n in ("09", "10", "11", "12", "13", "14")}
 RELEASE = prose.pinned_release()
 
 
@@ -187,9 +186,9 @@ def calls_sdpa(lesson: manifest.Lesson) -> bool:
 
 def test_no_lesson_calls_sdpa_before_lesson_07_teaches_it():
     """07 and 08 revisit the earlier lessons' tools on SDPA (01's layout, 02's dispatch log,
-    06's profiler); no earlier lesson runs it."""
+    06a's profiler); no earlier lesson runs it."""
     before = [lesson for lesson in READY if manifest.order_key(lesson.number) < (7, "")]
     assert before, "no lesson before 07"
     calling = [lesson.number for lesson in before if calls_sdpa(lesson)]
     assert calling == [], f"lessons before 07 that call SDPA, which 07 teaches: {calling}"
-    assert calls_sdpa(manifest.find("07"))  # the rule's premise: 07 teaches it
+    assert calls_sdpa(manifest.find("07a"))  # the rule's premise: 07 teaches it

@@ -54,14 +54,14 @@ def test_dry_run_collects_without_the_notebook_tools(device_env, tmp_path):
     results = tree(ROOT / "results")
     probe = subprocess.run([sys.executable, "-c", "import jupytext"], env=device_env, capture_output=True, text=True)
     assert probe.returncode != 0 and "ModuleNotFoundError" in probe.stderr  # the poison works
-    out = subprocess.run([sys.executable, "-m", "scripts.gpu_report", "--dry-run", "--lessons", "06",
+    out = subprocess.run([sys.executable, "-m", "scripts.gpu_report", "--dry-run", "--lessons", "06a",
                           "--out", str(tmp_path)],
                          cwd=ROOT, env=device_env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     text = (tmp_path / "dry-run.md").read_text()
-    assert "**Nothing was measured**" in text and "## 06 Devices and honest timing" in text
+    assert "**Nothing was measured**" in text and "## 06a Devices and honest timing" in text
     # every GPU test of the lesson collected, none passed, failed or erred: all skipped
-    row = re.search(r"^\| 06 Devices and honest timing \| (\d+) \| 0 \| 0 \| 0 \| (\d+) \|", text, re.M)
+    row = re.search(r"^\| 06a Devices and honest timing \| (\d+) \| 0 \| 0 \| 0 \| (\d+) \|", text, re.M)
     assert row and int(row[1]) == int(row[2]) > 0, text
     assert text.count("needs CUDA: torch.cuda.is_available() is False") == int(row[1])
     assert tree(ROOT / "results") == results
@@ -188,22 +188,24 @@ def h200(torch="2.11.0+cu130", count=1):
 
 
 def synthetic_results():
-    fig = Result("lessons/05_precision/test_precision.py::test_matmul_tflops_per_dtype[cuda]", "passed", ["cuda"], 2.5,
+    mixed = "lessons/05b_mixed_precision/test_mixed_precision.py"
+    kernels = "lessons/07b_attention_kernels/test_attention_kernels.py"
+    fig = Result(f"{mixed}::test_matmul_tflops_per_dtype[cuda]", "passed", ["cuda"], 2.5,
                  figures=[["bf16 matmul 4096 [TFLOP/s]", 612.34], ["peak memory [MiB]", 1536.0], ["backend", "FLASH"]],
                  printed="cuda 4096x4096 matmul: bf16 612.3 TFLOP/s\n")
-    bare = Result("lessons/05_precision/test_precision.py::test_cuda_autocast_dtypes", "passed", ["cuda"], 0.1)
-    api = Result("lessons/07_attention/test_attention.py::test_cuda_flex_attention_backward", "failed", ["cuda"], 3.0,
+    bare = Result(f"{mixed}::test_cuda_autocast_dtypes", "passed", ["cuda"], 0.1)
+    api = Result(f"{kernels}::test_cuda_flex_attention_backward", "failed", ["cuda"], 3.0,
                  reason="AttributeError: module 'torch.nn.attention' has no attribute 'new_thing'",
                  details="E   AttributeError: module 'torch.nn.attention' has no attribute 'new_thing'")
-    plain = Result("lessons/07_attention/test_attention.py::test_cuda_backends_time_and_memory", "failed",
+    plain = Result(f"{kernels}::test_cuda_backends_time_and_memory", "failed",
                    ["cuda"], 9.0, reason="AssertionError: assert 120.0 < 100.0",
                    details="E   AssertionError: assert 120.0 < 100.0")
     two = Result("lessons/09_collectives_and_dtensor/test_collectives_and_dtensor.py::test_worker_on_nccl", "skipped",
                  ["multigpu"], 0.0, reason="needs 2 CUDA devices: torch.cuda.device_count() is 1")
     return [
-        LessonResult("05", "Precision", ["cuda"], [fig, bare], 12.0),
-        LessonResult("07", "Attention", ["cuda"], [api, plain], 30.0),
-        LessonResult("08", "torch.compile", ["cuda"], [], 200.0, problem="timed out after 200 s and was stopped",
+        LessonResult("05b", "Mixed-precision training", ["cuda"], [fig, bare], 12.0),
+        LessonResult("07b", "Attention kernels", ["cuda"], [api, plain], 30.0),
+        LessonResult("08b", "Inductor", ["cuda"], [], 200.0, problem="timed out after 200 s and was stopped",
                      log_tail="... Timeout ..."),
         LessonResult("09", "Collectives and DTensor", ["multigpu"], [two], 4.0),
     ]
@@ -219,9 +221,9 @@ def test_report_on_synthetic_results():
         assert row in text
     assert "| torch | 2.11.0+cu130: **not the course's pin (torch==2.13.0)**" in text
     # the summary: one row per lesson, counts and notes
-    assert "| 05 Precision | 2 | 2 | 0 | 0 | 0 | 3 | 12 s |  |" in text
-    assert "| 07 Attention | 2 | 0 | 2 | 0 | 0 | 0 | 30 s | failures naming a missing API: 1 |" in text
-    assert "| 08 torch.compile | 0 | 0 | 0 | 0 | 0 | 0 | 200 s | timed out after 200 s and was stopped |" in text
+    assert "| 05b Mixed-precision training | 2 | 2 | 0 | 0 | 0 | 3 | 12 s |  |" in text
+    assert "| 07b Attention kernels | 2 | 0 | 2 | 0 | 0 | 0 | 30 s | failures naming a missing API: 1 |" in text
+    assert "| 08b Inductor | 0 | 0 | 0 | 0 | 0 | 0 | 200 s | timed out after 200 s and was stopped |" in text
     assert "| 09 Collectives and DTensor | 1 | 0 | 0 | 0 | 1 | 0 | 4 s | needs ≥ 2 GPUs (unverified): 1 |" in text
     # figures, with the unit split off the name, the ceilings, and what a test printed
     assert "| bf16 matmul 4096 | 612.3 | TFLOP/s |" in text
@@ -261,7 +263,7 @@ def test_the_gpu_lessons_are_chosen_from_the_manifest_and_the_markers():
         gpu = ({"cuda", "multigpu"} & set(lesson.devices)
                or "pytest.mark.cuda" in tests or "pytest.mark.multigpu" in tests)
         assert (lesson.number in chosen) == bool(gpu), lesson.number
-    assert [lesson.number for lesson in gpu_report.gpu_lessons(["08", "01"])] == ["01", "08"]
+    assert [lesson.number for lesson in gpu_report.gpu_lessons(["08b", "01"])] == ["01", "08b"]
 
 
 # ------------------------------------------------------------------------------------------

@@ -74,13 +74,15 @@ def test_machinery_finds_course_talk_and_spares_plain_words(tmp_path, monkeypatc
 def test_reference_problems():
     docs = "https://docs.pytorch.org/docs/2.13"
     ok = f"- [view]({docs}/generated/torch.Tensor.view.html)\n- [lib]({docs}/library.html)\n" \
-         "- [paper](https://arxiv.org/abs/1706.03762)"
+         f"- [checkpoint]({docs}/checkpoint.html)\n- [paper](https://arxiv.org/abs/1706.03762)"
     assert prose.reference_problems(ok, "2.13") == []
     assert prose.reference_problems("", "2.13") == ["References lists nothing (one `- [title](link)` per line)"]
     bad = {
         "- [v](https://docs.pytorch.org/docs/2.12/generated/torch.Tensor.view.html)":
             "not the pinned release's documentation (2.13)",
         f"- [v]({docs}/generated/torch.Tensor.no_such_method.html)": "is not an object in the installed torch",
+        f"- [m]({docs}/no_such_module.html)": "is not an object in the installed torch",
+        f"- [m]({docs}/scripts.html)": "is not an object in the installed torch",  # the course's, not torch's
         "- [blog](https://example.com/post)": "neither docs.pytorch.org",
         "- a paper without a link": "no link in",
     }

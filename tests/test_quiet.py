@@ -95,7 +95,7 @@ def test_the_filter_drops_only_the_no_cuda_runtime_record():
     ("ERROR:2026-12-01 20:18:21 5673:5673 DeviceProperties.cpp:50] gpuGetDeviceCount failed with code 35", True),
     ("W1201 20:18:28.069000 5727 torch/utils/cpp_extension.py:178] No CUDA runtime is found, "
      "using CUDA_HOME='/usr/local'", True),
-    ("UserWarning: 'pin_memory' argument is set as true but no accelerator is found", False),  # lesson 04's
+    ("UserWarning: 'pin_memory' argument is set as true but no accelerator is found", False),  # lesson 04b's
     ("rank 0: USDT: is a word a lesson may print", False),
 ])
 def test_noise_lines_are_recognised(line, expected):

@@ -110,4 +110,4 @@ def test_mastery_answers_must_name_a_real_section():
     lesson = manifest.find("01")
     assert reading.answer_problems(lesson, "Because it copies.")  # names nothing
     assert reading.answer_problems(lesson, "It copies (*§ No such heading*).")
-    assert reading.answer_problems(lesson, "See *03 § No such heading*.")
+    assert reading.answer_problems(lesson, "See *03a § No such heading*.")

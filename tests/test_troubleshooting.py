@@ -1,7 +1,7 @@
 """lessons/TROUBLESHOOTING.md: every section it links to exists, and every symptom issue 26
 lists has an entry.
 
-A link names a lesson script and one of its headings: `[03 § In-place hazards](03_autograd/autograd.py)`
+A link names a lesson script and one of its headings: `[03a § In-place hazards](03a_autograd_tape/autograd_tape.py)`
 (the heading without its section number, so that renumbering keeps the link valid and
 renaming breaks it).
 """
@@ -76,12 +76,14 @@ def test_every_linked_section_exists():
 
 
 def test_the_check_catches_a_renamed_or_misnumbered_section():
-    assert link_problem("03 § Where does a NaN come from?", "03_autograd/autograd.py") is None
-    assert link_problem("03 § Where does a NaN come from", "03_autograd/autograd.py")  # renamed
-    assert link_problem("08 § Where does a NaN come from?", "03_autograd/autograd.py")  # wrong number
-    assert link_problem("03 § Where does a NaN come from?", "03_autograd/nothing.py")  # no file
-    assert link_problem("autograd", "03_autograd/autograd.py")  # not in the § form
-    assert "Graph breaks" in headings(manifest.LESSONS / "08_compile" / "compile.py")  # "## 3. Graph breaks"
+    nan = "03b_autograd_functions/autograd_functions.py"
+    assert link_problem("03b § Where does a NaN come from?", nan) is None
+    assert link_problem("03b § Where does a NaN come from", nan)  # renamed
+    assert link_problem("08a § Where does a NaN come from?", nan)  # wrong number
+    assert link_problem("03b § Where does a NaN come from?", "03b_autograd_functions/nothing.py")  # no file
+    assert link_problem("autograd", nan)  # not in the § form
+    capture = manifest.LESSONS / "08a_compile_capture" / "compile_capture.py"
+    assert "Graph breaks" in headings(capture)  # "## 3. Graph breaks"
 
 
 @pytest.mark.parametrize("symptom", REQUIRED)

@@ -212,7 +212,7 @@ print(f"t._version {version} -> {t._version} after d.add_(1) on d = t.detach()")
 # `TensorImpl`, new sizes and strides, same storage. The version counter is shared too: a
 # write through `d` counts as a write to `t` (which already stood at 2: `add_` and `t_()`
 # each counted as one), and that is how autograd notices writes through a `detach()`ed
-# alias (lesson 03).
+# alias (lesson 03a).
 
 # %% [markdown]
 # ## 3. A slice is a view with an offset
@@ -330,7 +330,7 @@ print(f"m   {m.tolist()}")
 # There is only one copy of the numbers, so a write through any view is a write to the
 # base, and to every other view of the same cells. That is what makes views cheap, and
 # also why an in-place op on a view can surprise you (autograd tracks it with a version
-# counter: lesson 03).
+# counter: lesson 03a).
 #
 # **Predict.** A view remembers the tensor it was made from in `._base`. For
 # `base = torch.zeros(3, 4)`, `v1 = base[1:]` and `v2 = v1[:, 1:]`: is `v2._base` `v1` or
@@ -649,7 +649,7 @@ print(f"  copies: {len(copied)}, into {' and '.join(map(str, copied))}: {copied_
 # copied on every call, and nothing in the code says so. Whether a layout costs a copy
 # depends on the op that consumes it: an op whose kernel reads its inputs through their
 # strides takes the permuted views as they are, and a `.contiguous()` before it would only
-# add a copy (lesson 07 finds such an op in PyTorch's fused attention).
+# add a copy (lesson 07a finds such an op in PyTorch's fused attention).
 #
 # **Predict.** What do the hidden copies cost? Time `q @ kᵀ` on permuted views and on
 # inputs that are already contiguous in (B, H, S, D), with the heads of GPT-2 small (12

@@ -211,7 +211,7 @@ for key in ("CPU", "Autograd[alias]", "FuncTorchBatched"):
 # `RegisterCPU.cpp`) around the C++ function that the `out=` variant's `dispatch:` line
 # names for CPU and CUDA alike, `mul_out`. The
 # autograd kernel in `VariableType.cpp` is generated too, from the two formulas of
-# `derivatives.yaml` (one per input that can need a gradient: lesson 03). The `vmap` rule
+# `derivatives.yaml` (one per input that can need a gradient: lesson 03a). The `vmap` rule
 # (`FuncTorchBatched`, section 6) is written by hand. To find what runs for an op, read its
 # yaml entry first: it names the C++ function for each backend.
 
@@ -307,7 +307,7 @@ for name, t in [("plain", plain), ("requires_grad", leaf), ("leaf * 2", leaf * 2
 # `AutogradCPU`, so every call on it passes through the autograd layer. That layer looks at
 # the `requires_grad` flags (stored on the tensor, not in its keys) and records a node
 # (`MulBackward0`) only when an input needs a gradient. `AutocastCPU` is there too, and does
-# nothing unless autocast is on (lesson 05: the next cell shows the switch);
+# nothing unless autocast is on (lesson 05b: the next cell shows the switch);
 # `ADInplaceOrView` is the layer that bumps version counters on in-place ops and records
 # which tensor a view came from.
 #
@@ -414,7 +414,7 @@ for what, fn in [("infer._version", lambda: infer._version),
 # ```
 #
 # Each in-place op bumps an ordinary tensor's version; autograd compares versions to detect
-# a saved tensor that was overwritten (lesson 03). Inference tensors have no counter at
+# a saved tensor that was overwritten (lesson 03a). Inference tensors have no counter at
 # all, so PyTorch refuses every use that would need one: reading `_version`, writing in
 # place outside inference mode, saving them for a backward pass (the message is PyTorch's,
 # missing spaces included). Use `inference_mode` for pure evaluation, `no_grad` when the

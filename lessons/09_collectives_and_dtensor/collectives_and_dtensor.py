@@ -20,7 +20,7 @@
 # - DeviceMesh and the DTensor placements Shard, Replicate and Partial; which collective
 #   each redistribution runs; a sharded matmul whose result is Partial.
 #
-# **Prerequisites:** lessons 01 (tensors) and 06 (devices); Python's `subprocess`.
+# **Prerequisites:** lessons 01 (tensors) and 06a (devices); Python's `subprocess`.
 #
 # **How to run:** `python lessons/09_collectives_and_dtensor/collectives_and_dtensor.py` or
 # `make lesson N=09` from the repository root, or open `collectives_and_dtensor.ipynb`. It

@@ -25,7 +25,7 @@
 #   pinned on 2.13.0.
 #
 # **Prerequisites:** lesson 09 (process groups, DeviceMesh, DTensor placements, the launcher
-# and worker pattern) and lesson 03 (autograd).
+# and worker pattern) and lessons 03a–03b (autograd).
 #
 # **How to run:** `python lessons/10_tensor_and_pipeline_parallel/tensor_and_pipeline_parallel.py`
 # or `make lesson N=10` from the repository root, or open `tensor_and_pipeline_parallel.ipynb`.

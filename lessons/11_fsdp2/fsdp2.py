@@ -26,8 +26,8 @@
 #   8B-parameter model on 8 GPUs by formula; gradient accumulation with
 #   `set_requires_gradient_sync(False)`; CPU offload.
 #
-# **Prerequisites:** lesson 09 (collectives, DeviceMesh, DTensor placements), lesson 05
-# (bf16), lesson 03 (autograd hooks).
+# **Prerequisites:** lesson 09 (collectives, DeviceMesh, DTensor placements), lesson 05a
+# (bf16), lesson 03b (autograd hooks).
 #
 # **How to run:** `python lessons/11_fsdp2/fsdp2.py` or `make lesson N=11` from the
 # repository root, or open `fsdp2.ipynb`. It launches `worker.py` once on 2 ranks (10–15 s
@@ -537,7 +537,7 @@ show(run, "mixed")
 # (FSDP2 casts the root's floating-point inputs to `param_dtype`; the embedding output is
 # bf16 because its weight is) and the output, the logits too. At rest the parameter is the
 # fp32 DTensor shard and its gradient is fp32: the optimizer updates fp32 master weights, so
-# tiny updates are not lost to bf16's 8-bit mantissa (lesson 05). Unlike autocast, no list
+# tiny updates are not lost to bf16's 8-bit mantissa (lesson 05a). Unlike autocast, no list
 # of operations decides: every op in a unit gets bf16 tensors (an op may still upcast
 # internally, as LayerNorm does).
 

@@ -709,7 +709,7 @@ show(drill, "reference", 1)
 # picks its RNG row by its rank *now*. The checkpoint records the config, a hash of `worker.py` (the
 # code revision) and the world size, and a resume refuses a checkpoint that does not match:
 # the next cell shows that a run on 4 ranks would not match `step_6`. When a run uses a
-# `GradScaler` (fp16, lesson 05), its `state_dict()` belongs in the checkpoint too.
+# `GradScaler` (fp16, lesson 05a), its `state_dict()` belongs in the checkpoint too.
 #
 # **Predict.** Read `step_6`'s record with one process. Would a run with another learning
 # rate, or on 4 ranks, accept it?

@@ -19,8 +19,8 @@
 #   by torchrun, (5) a profiler trace of one step and its MFU;
 # - what each stage changes and what it must not change, each as a printed, asserted line.
 #
-# **Prerequisites:** the whole course; most directly lessons 03 (autograd), 05 (bf16 and
-# autocast), 06 (profiler, FLOPs, MFU), 07 (SDPA), 08 (`torch.compile`), 11 (FSDP2) and 12
+# **Prerequisites:** the whole course; most directly lessons 03a–03b (autograd), 05a–05b (bf16 and
+# autocast), 06a–06b (profiler, FLOPs, MFU), 07a (SDPA), 08a–08b (`torch.compile`), 11 (FSDP2) and 12
 # (DCP, the restart drill). The 2-rank stage uses the course's multi-rank kit,
 # `lessons/multirank.py` (lesson 09).
 #
@@ -121,14 +121,14 @@ print(f"uniform guess: loss ln 11 = {math.log(11):.3f}")
 # %% [markdown]
 # ## 2. The model
 #
-# `gpt.GPT` is a decoder-only transformer of the kind lessons 07 and 11 used:
+# `gpt.GPT` is a decoder-only transformer of the kind lessons 07a and 11 used:
 #
 # - a token embedding (11 × 32) and a learned position embedding (12 × 32), added;
 # - 2 **pre-norm** blocks (the arrangement of GPT-2 and its successors):
 #   `x + attention(LayerNorm(x))`, then `x + MLP(LayerNorm(x))`; each block adds to the
 #   residual stream `x` and never normalises `x` itself;
 # - attention with 4 heads of 8 dimensions through `F.scaled_dot_product_attention(...,
-#   is_causal=True)` (lesson 07): position i attends to positions 0..i only;
+#   is_causal=True)` (lesson 07a): position i attends to positions 0..i only;
 # - a final LayerNorm and the output layer **tied** to the token embedding: logits are
 #   `F.linear(x, tok.weight)`, the same 11 × 32 matrix that embeds the characters, so the
 #   model has no separate output matrix.
@@ -274,7 +274,7 @@ print(f"held-out exact match at least {THRESHOLD:.0%}: {accuracy >= THRESHOLD}")
 # %% [markdown]
 # ## 4. Stage 2: `torch.compile`
 #
-# Lesson 08 showed what the compiler does with a function; here it compiles the model.
+# Lessons 08a–08b showed what the compiler does with a function; here it compiles the model.
 # `torch.compile(model)` returns a wrapper that shares the model's parameters: the
 # optimizer is made on them as before. The first call traces `forward` with Dynamo, and
 # AOTAutograd derives the backward graph from it, so *both* directions run as code that
@@ -345,7 +345,7 @@ print(f"ATen layer_norm or gelu calls in the compiled step: {fused}")
 # %% [markdown]
 # ## 5. Stage 3: bf16 autocast
 #
-# Lesson 05's autocast runs selected ops in bfloat16 (8 significant bits instead of 24):
+# Lesson 05b's autocast runs selected ops in bfloat16 (8 significant bits instead of 24):
 # on the CPU, linear layers, matmuls and SDPA; cross-entropy is on its float32 list. The
 # parameters, their gradients and AdamW's moments stay float32 (the *master* copy):
 # autocast casts a weight to bf16 each time an op uses it.
@@ -558,15 +558,15 @@ print(f"2 ranks vs one process (stage 1), steps 1-{SHORT}: max loss gap {gap_ran
 # %% [markdown]
 # ## 7. Stage 5: a profiler trace of one step, and its MFU
 #
-# Lesson 06's tools, on this model. The profiler records one training step (after three
+# Lessons 06a–06b's tools, on this model. The profiler records one training step (after three
 # warm-up steps) with `record_function` regions and writes a Chrome trace next to the
 # lesson (open it in <https://ui.perfetto.dev>). `FlopCounterMode` counts the FLOPs of one
-# step's forward and backward from the ops that ran. Lesson 06's peak for this CPU is
+# step's forward and backward from the ops that ran. Lesson 06b's peak for this CPU is
 # FLOPs per cycle (from the vector ISA PyTorch reports) × clock × threads, and MFU is the
 # model's FLOPs per measured second over that peak.
 #
 # **Predict.** A step processes 64 × 12 = 768 tokens. Every weight of a matmul costs 2
-# FLOPs per token forward and 4 backward (lesson 06); there are 24,928 of them (4 linear
+# FLOPs per token forward and 4 backward (lesson 06b); there are 24,928 of them (4 linear
 # layers per block and the tied output). What will the counter report? Where does
 # attention's `q @ kᵀ` appear in the count?
 
@@ -654,7 +654,7 @@ FLOPS_PER_CYCLE = {"DEFAULT": (4, 2), "AVX2": (8, 4), "AVX512": (16, 4)}  # (fp3
 
 def clock_ghz():
     """(GHz, where it was read): cpufreq's maximum, else /proc/cpuinfo, else 3.0 assumed
-    (lesson 06 says why each, and why the peak is an estimate)."""
+    (lesson 06b says why each, and why the peak is an estimate)."""
     cpufreq = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")  # kHz
     if cpufreq.is_file():
         return int(cpufreq.read_text()) / 1e6, str(cpufreq)
@@ -695,7 +695,7 @@ print(f"at the peak, these FLOPs would take {model_flops / peak * 1e3:.2f} ms")
 # AdamW's update) take time of their own; and each of the about 1,400 ATen calls (counted
 # above) has a fixed cost (Python, dispatch, allocation) that small tensors of width 32 do
 # little to amortise. Which of these weighs most depends on the CPU: the trace above, or the
-# profiler's table sorted by self time (lesson 06), shows it on yours. A wider
+# profiler's table sorted by self time (lesson 06a), shows it on yours. A wider
 # model, longer sequences or a larger batch put more arithmetic behind each call; this
 # lesson's GPU test (`test_capstone.py`, marked `cuda`) trains the same `gpt.GPT` at width
 # 512 with 8 layers, compiled, in bf16 with flash attention, and records its tokens per
@@ -1014,8 +1014,8 @@ read_the_source([
 #    (c) The measuring tool, not the model: `FlopCounterMode` has no formula for the CPU's
 #    fused attention op (`False`, and `True` for CUDA's flash op), so it counted 0 for it;
 #    what it counted is exactly 6 × weights × tokens
-#    (*§ Stage 5: a profiler trace of one step, and its MFU*). Lesson 06 counted attention's
-#    12·S·S·d when it was written as plain matmuls (*06 § FLOPs: counting what a step does*).
+#    (*§ Stage 5: a profiler trace of one step, and its MFU*). Lesson 06b counted attention's
+#    12·S·S·d when it was written as plain matmuls (*06b § FLOPs: counting what a step does*).
 #    (d) The launcher: torchrun's agent reported the rank failed with exit code -9
 #    (SIGKILL), sent SIGTERM to the other rank and, with a restart left, started both again
 #    as new processes (`TORCHELASTIC_RESTART_COUNT=1`)
@@ -1055,7 +1055,7 @@ read_the_source([
 # 3. **Predict.** Under `torch.autocast("cpu", dtype=torch.bfloat16)`, which of these come
 #    out bf16 in one training step: the token embedding's output, the first LayerNorm's
 #    output, the qkv projection, a block's output (the residual stream), the logits, the
-#    loss, the qkv weight's gradient, AdamW's `exp_avg`? Lesson 05 showed a layer norm
+#    loss, the qkv weight's gradient, AdamW's `exp_avg`? Lesson 05b showed a layer norm
 #    returning bf16: why is the first LayerNorm's output float32 here?
 #
 #    <details><summary>Answer</summary>
@@ -1064,8 +1064,8 @@ read_the_source([
 #    with the tied embedding); everything else is float32 (*§ Stage 3: bf16 autocast*).
 #    CPU autocast casts a linear layer's inputs down and cross-entropy's up, and has no rule
 #    for `layer_norm` (`AutocastCPU False`): a layer norm computes in its input's dtype, bf16
-#    in lesson 05 because its input was a bf16 linear output
-#    (*05 § Autocast on the CPU: which ops run in bfloat16*). Here the first LayerNorm's
+#    in lesson 05b because its input was a bf16 linear output
+#    (*05b § Autocast on the CPU: which ops run in bfloat16*). Here the first LayerNorm's
 #    input is the residual stream, which starts as the float32 embedding output and stays
 #    float32.
 #
@@ -1083,12 +1083,12 @@ read_the_source([
 #    (*§ Stage 5: a profiler trace of one step, and its MFU*). Everything else also takes
 #    time: the layer norms, the GELU, the loss and AdamW's update (a few FLOPs per element,
 #    left out of the count), and the fixed cost of each of the step's 1,412 ATen calls, the
-#    cost that put lesson 06's 16² matmul in the overhead regime
-#    (*06 § Three regimes: compute, memory, overhead*). MFU is one ratio for all of it: it
+#    cost that put lesson 06b's 16² matmul in the overhead regime
+#    (*06b § Three regimes: compute, memory, overhead*). MFU is one ratio for all of it: it
 #    cannot say whether the matmuls and attention ran below the peak, the uncounted ops took
 #    the time or the calls' fixed cost did. The profiler's table sorted by self time, or the trace this
 #    stage wrote, says which on your CPU
-#    (*06 § The profiler: named regions, a sorted table, a Chrome trace*). A step on 1 row
+#    (*06a § The profiler: named regions, a sorted table, a Chrome trace*). A step on 1 row
 #    instead of 64 still took more than a tenth of the 64-row step's time: much of the step
 #    does not shrink with the arithmetic
 #    (*§ Stage 5: a profiler trace of one step, and its MFU*).
