@@ -52,13 +52,14 @@ def run(lesson: Lesson, show: bool) -> Result:
 
 
 def table(results: list[Result]) -> str:
-    rows = [f"{'lesson':<34} {'status':<16} {'seconds':>8} {'budget':>7}"]
-    for r in results:
+    names = [f"{r.lesson.number} {r.lesson.title}" for r in results]
+    width = max([34, *map(len, names)])  # the longest title sets the column, so columns line up
+    rows = [f"{'lesson':<{width}} {'status':<16} {'seconds':>8} {'budget':>7}"]
+    for name, r in zip(names, results):
         over = "  over budget" if r.seconds > r.lesson.budget_s else ""
-        name = f"{r.lesson.number} {r.lesson.title}"
-        rows.append(f"{name:<34} {r.status:<16} {r.seconds:>8.1f} {r.lesson.budget_s:>7.0f}{over}")
+        rows.append(f"{name:<{width}} {r.status:<16} {r.seconds:>8.1f} {r.lesson.budget_s:>7.0f}{over}")
     total = sum(r.seconds for r in results)
-    rows.append(f"{'total':<34} {'':<16} {total:>8.1f}")
+    rows.append(f"{'total':<{width}} {'':<16} {total:>8.1f}")
     return "\n".join(rows)
 
 

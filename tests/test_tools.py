@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -49,6 +50,14 @@ def test_runner_table_reports_time_against_budget():
     assert "ok" in lines[1] and "over budget" not in lines[1]
     assert "failed (exit 1)" in lines[2] and lines[2].endswith("over budget")
     assert lines[-1].split() == ["total", f"{3.0 + LESSON_01.budget_s + 1:.1f}"]
+
+
+def test_runner_table_columns_line_up_past_a_long_title():
+    long = dataclasses.replace(LESSON_01, title="A title much longer than the default column of the table")
+    results = [run_lessons.Result(long, "ok", 3.0), run_lessons.Result(LESSON_01, "ok", 4.0)]
+    lines = run_lessons.table(results).splitlines()
+    assert len({line.index(" ok ") for line in lines[1:3]}) == 1  # the status column starts at one place
+    assert len({len(line) for line in lines[:3]}) == 1
 
 
 def test_exercise_verdicts():
