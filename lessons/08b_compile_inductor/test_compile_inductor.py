@@ -234,9 +234,16 @@ def test_fusion_timings(lesson):
     assert list(timings) == ["small", "large"] and ns["same"] == {"small": True, "large": True, "gelu": True}
     assert sizes["small"].nbytes == 8 * 2**20 and sizes["large"].nbytes == 64 * 2**20
     assert "gelu compiled" in timings["small"] and "gelu compiled" not in timings["large"]
-    for t in timings.values():
+    for label, t in timings.items():
         assert set(t) >= {"copy_", "clone", "eager", "eager out=", "compiled"}
-        assert t["eager out="] > 1.5 * t["copy_"]  # five passes against one
+        # five passes against one. A busy neighbour can inflate the lesson's one copy_ measurement
+        # (a fresh-clone CI run: 64 MiB copy_ 31.5 ms, eager out= 43.7 ms; 12 ms quiet), so the
+        # claim is judged on the least disturbed times, as in test_compiled_within_1_5_of_the_clone_floor.
+        x, out = sizes[label], torch.empty_like(sizes[label])
+        ways = {"copy_": lambda: out.copy_(x), "eager out=": lambda: ns["chain_out"](x, out)}
+        t = remeasured(ns, x, {k: t[k] for k in ways}, ways, 3 if x.nbytes <= 16 * 2**20 else 1,
+                       holds=lambda t: t["eager out="] > 1.5 * t["copy_"])
+        assert t["eager out="] > 1.5 * t["copy_"], (label, t)
     if not ns["isa"]:
         pytest.skip("no vector ISA: Inductor's scalar loop is slower than eager here (see the slow tests)")
     for t in timings.values():
