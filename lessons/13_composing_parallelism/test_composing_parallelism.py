@@ -452,19 +452,25 @@ def test_fsdp2_compiled_blocks_share_two_graphs_at_depth_8(lesson):
     assert len(failed) == 1 and "requires_grad mismatch" in failed[0], failed
 
 
+def sharded_tower(ns):
+    """The lesson's seeded Tower with fully_shard on each block, then on the root (call it
+    inside `one_rank_group()`), before anything is compiled."""
+    torch.manual_seed(0)
+    model = ns["Tower"]()
+    for block in model.blocks:
+        ns["fully_shard"](block)
+    ns["fully_shard"](model)
+    return model
+
+
 def test_fsdp2_either_order_gives_the_same_graphs(lesson):
     """The prose: fully_shard each block and the root first, then compile each block, gives the
     same two graphs, plain tensors in, and the same step as the lesson's order."""
     ns = lesson.ns
-    fully_shard = ns["fully_shard"]
     dynamo.reset()
     backend = ns["InputTypes"]()
     with ns["one_rank_group"]():
-        torch.manual_seed(0)
-        model = ns["Tower"]()
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+        model = sharded_tower(ns)
         for block in model.blocks:
             block.compile(backend=backend)
         gap = ns["max_gap"](ns["train_step"](model, ns["xf"]), ns["fsdp_ref"])
@@ -479,15 +485,10 @@ def test_fsdp2_whole_model_compile_captures_only_the_blocks(lesson):
     sharded model breaks the graph at each block's hooks inside the root's loop; Dynamo runs
     the root's forward eagerly and captures only the blocks' forwards, never the head."""
     ns = lesson.ns
-    fully_shard = ns["fully_shard"]
     dynamo.reset()
     backend = ns["AotCounting"]()
     with ns["one_rank_group"]():
-        torch.manual_seed(0)
-        model = ns["Tower"]()
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+        model = sharded_tower(ns)
         gap = ns["max_gap"](ns["train_step"](torch.compile(model, backend=backend), ns["xf"]), ns["fsdp_ref"])
     dynamo.reset()
     assert [ns["graph_ops"](gm) for gm in backend.graphs] == [["linear", "relu", "add"]] * 2
