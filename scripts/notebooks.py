@@ -1,7 +1,11 @@
 """Generate each lesson's notebook from its script, or check that none is stale.
 
     python -m scripts.notebooks           # write every lessons/NN_slug/slug.ipynb that changed
-    python -m scripts.notebooks --check   # exit 1 naming each stale notebook
+    python -m scripts.notebooks --check   # exit 1 naming each stale notebook or worker
+    python -m scripts.notebooks 09 11a    # only these lessons
+
+It also writes (or checks) the workers of multi-rank lessons from their ``#@worker`` cells
+(``scripts/workers.py``), so `make notebooks` regenerates everything derived from a script.
 
 Notebooks are committed without outputs, with cell ids numbered in order and no jupytext
 metadata, so regenerating an unchanged script writes the same bytes (no git diff).
@@ -22,8 +26,9 @@ from pathlib import Path
 import jupytext
 import nbformat
 
+from scripts import workers
 from scripts.checker import fenced_blocks
-from scripts.manifest import ROOT, lesson_scripts
+from scripts.manifest import ROOT, find, lesson_scripts
 
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 SUMMARIES = {None: "Expected output", "no-vector-isa": "Expected output on a CPU without vector instructions"}
@@ -94,18 +99,20 @@ def shown(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report stale notebooks")
+    parser.add_argument("numbers", nargs="*", help="lesson numbers (default: every lesson)")
     args = parser.parse_args(argv)
-    scripts = lesson_scripts()
+    scripts = [find(n).script for n in args.numbers] if args.numbers else lesson_scripts()
+    numbers = ["--numbers", *args.numbers] if args.numbers else []
     if args.check:
         bad = stale(scripts)
         for nb in bad:
             print(f"stale notebook: {nb.relative_to(ROOT)} (regenerate with `make notebooks`)")
-        return 1 if bad else 0
+        return workers.main(["--check", *numbers]) or (1 if bad else 0)
     changed = write(scripts)
     for nb in changed:
         print(f"wrote {shown(nb)}")
     print(f"{len(changed)} of {len(scripts)} notebooks changed")
-    return 0
+    return workers.main(numbers)
 
 
 if __name__ == "__main__":
