@@ -379,9 +379,11 @@ print(by_mode[False][1][0].splitlines()[0])
 #   know its sizes cannot unroll or pick tiles for them), so the default waits for evidence.
 # - `dynamic=False` specialises every time. After 8 graphs for the same code
 #   (`torch._dynamo.config.recompile_limit`) Dynamo logs the warning above and stops
-#   compiling this function: the other four calls ran *eagerly*, still correct, with no
-#   compiler and no error. In a real model this silent fallback is a common reason why
-#   "compile made nothing faster". The limit is a config value: raise it only when you know
+#   compiling new graphs for this function: the other four calls, whose shapes match none of
+#   the eight cached graphs, ran *eagerly*, still correct, with no compiler and no error (a
+#   later call with one of the first eight lengths still runs its cached graph: see *A
+#   recompile storm* in `lessons/TROUBLESHOOTING.md`). In a real model this silent fallback
+#   is a common reason why "compile made nothing faster". The limit is a config value: raise it only when you know
 #   the number of variants is bounded (the older name `cache_size_limit` still reads it).
 #
 # **Predict.** You know in advance that the batch dimension will vary. With the default
@@ -756,7 +758,8 @@ print(f"equal to eager: {torch.equal(sdpa_out, attend(q, k, v))}")
 #   that failed.
 # - A new shape recompiles once and then becomes a symbolic size (`dynamic=None`);
 #   `mark_dynamic` makes it symbolic from the first call; `dynamic=False` recompiles per
-#   shape until `recompile_limit` (8), then silently runs eagerly.
+#   shape until `recompile_limit` (8), then silently runs eagerly each call that matches
+#   none of the cached graphs (a call that matches one still runs it).
 # - Graph breaks (`print`, `.item()`, data-dependent branches) split a function into graphs
 #   with Python in between; `torch._dynamo.explain` lists them with reasons;
 #   `fullgraph=True` makes the first one an error.
