@@ -1,8 +1,10 @@
 """The course's multi-rank kit: start ranks with torchrun, never hang, never leave a process.
 
-Lesson 09 introduces it and says why each precaution is here; lessons 10 and later import
-it, and so do the tests (`scripts/multirank.py`). A lesson script or notebook is the
-*parent*; `torchrun` starts the *ranks*, each running the lesson's `worker.py`.
+Lesson 09 introduces it (why a launch never hangs or leaks, in one paragraph; every
+precaution, why it is here and what proves it, below); lessons 10 and later import it, and
+so do the tests (`scripts/multirank.py`). A lesson script or notebook is the *parent*;
+`torchrun` starts the *ranks*, each running the lesson's `worker.py` (generated from the
+lesson's `#@worker` cells, scripts/workers.py).
 
 In the parent (a lesson, a test):
 
@@ -20,34 +22,64 @@ In a worker (one rank):
     from multirank import heading, say, serve, shared
     serve({"part": part})   # argv, process group, part(device), teardown, exit code
 
-The precautions, each measured on the course's machine:
-- A hard timeout bounds every launch from outside: a rank stuck in a collective waits as
-  long as its group's timeout, a rank stuck before that can wait forever.
-- Killing a launch kills all of it. torchrun starts each rank in a process session of its
-  own, so killing torchrun's session leaves the ranks running. Every process of a launch
-  carries a mark in its environment (`COURSE_LAUNCH_ID`); the kill takes the agents'
-  sessions, their descendants, and (on Linux, from /proc) every marked process. It runs on
-  any exit of the parent: a normal end, the timeout, an exception, Ctrl-C or a notebook's
-  Interrupt (KeyboardInterrupt), pytest-timeout (an exception raised from SIGALRM) and
-  SIGTERM (a handler kills the launch, then the signal does what it would have done).
+The precautions, each measured on the course's machine (lesson 09 says in one paragraph
+why a launch never hangs or leaks; this is the whole story, with where each is proved):
+- A hard timeout bounds every launch from outside (`timeout=`, 120 s unless said
+  otherwise): a rank stuck in a collective waits as long as its group's timeout (gloo's
+  default is 30 minutes; `setup` gives the default group GROUP_TIMEOUT_S, 60 s), and a rank
+  stuck before that applies (at start-up, in a rendezvous that never completes) can wait
+  forever. At the deadline `_stop` sends torchrun SIGTERM, which torchrun forwards to its
+  ranks, waits GRACE_S (3 s), then SIGKILLs what is left. A hung re-initialisation once
+  ignored a 30 s group timeout, which is why the bound is outside the ranks.
+  (tests/test_multirank.py::test_a_hung_worker_is_stopped_and_leaves_nothing; lesson 09's
+  `hang` part and test_the_hard_timeout_stops_a_hung_launch.)
+- Killing a launch kills all of it. Each agent (torchrun) runs in a process session of its
+  own (`start_new_session=True`), so that one `killpg` reaches it. But torchrun starts each
+  rank in a session of its own as well (lesson 09's ranks print it), so killing torchrun's
+  session leaves the ranks running (measured: both ranks of a hung worker survived it).
+  Every process of a launch carries a mark in its environment (`COURSE_LAUNCH_ID`, which
+  torchrun and the ranks inherit); `kill_launch` SIGKILLs the agents' sessions, every
+  descendant of an agent (from `ps`) and, on Linux, every process whose /proc/<pid>/environ
+  holds the mark. It runs on any exit of the parent: a normal end, the timeout, an
+  exception, Ctrl-C or a notebook's Interrupt (KeyboardInterrupt), pytest-timeout (an
+  exception raised from SIGALRM) and SIGTERM: without a handler Python dies on SIGTERM
+  without running any `finally`, so while ranks run `launch` installs one that kills the
+  launch, then lets the signal do what it would have done. Before the kit, a parent that
+  caught only `TimeoutExpired` left torchrun and both ranks running (reparented to init)
+  when it got SIGINT, twice in a row; SIGTERM to pytest left an in-flight launch running
+  until it ended by itself. (tests/test_multirank.py::test_an_interrupted_parent_leaves_no_process,
+  SIGINT and SIGTERM, 1 and 2 agents.)
 - Even SIGKILL of the parent (Jupyter restarting a busy kernel) runs no code in it, so the
   ranks watch it: `launch` tells them its pid (`COURSE_LAUNCHER_PID`), and `setup` starts a
-  thread in each rank that, once the parent is gone, SIGKILLs the rank's torchrun agent and
-  then the rank itself. On Linux the agents also get SIGKILL from the kernel when the parent
-  dies (PR_SET_PDEATHSIG), a second line for an agent that has no ranks yet. Its logs'
-  folder (named after its pid) is removed by the next launch.
-- One log file per rank (`--log-dir` with `--redirects 3`): two ranks printing to one
-  terminal can interleave inside a line.
-- `OMP_NUM_THREADS=1`: one thread per rank on a small CPU.
+  thread in each rank that checks twice a second (WATCH_S) that its torchrun agent is still
+  that process's child; once it is not, the thread SIGKILLs the agent and then the rank
+  itself. On Linux the agents also get SIGKILL from the kernel when the parent dies
+  (PR_SET_PDEATHSIG), a second line for an agent that has no ranks yet. Its logs' folder
+  (named after its pid) is removed by the next launch.
+  (tests/test_multirank.py::test_a_sigkilled_parent_leaves_no_process, with and without
+  PR_SET_PDEATHSIG; test_a_launch_removes_the_logs_of_launchers_that_are_gone.)
+- One log file per rank (`--log-dir` with `--redirects 3`): each rank's stdout and stderr
+  go to `<log dir>/<run id>/attempt_<n>/<rank>/stdout.log` and `stderr.log`, which `launch`
+  reads into `run.out[rank]` and `run.err[rank]` (every attempt in `run.logs`) and deletes:
+  two ranks printing to one terminal can interleave inside a line. A worker still prints
+  each line with one `print` call, prefixed `rank N:` (`say`), for when it is run by hand.
+- `OMP_NUM_THREADS=1`: one thread per rank on a small CPU (two ranks on two cores: more
+  threads per rank only fight).
 - `--local-addr=127.0.0.1`: otherwise torchrun gives the ranks the machine's fully
-  qualified host name as MASTER_ADDR (and the rendezvous as the node's address); where that
-  name does not resolve (reported on macOS: pytorch/pytorch#26049), the ranks retry it
-  until a timeout ends the launch. Every agent of a launch runs on this machine, so the
-  loopback address always works.
+  qualified host name (`socket.getfqdn()`) as MASTER_ADDR (and the rendezvous as the
+  node's address); where that name does not resolve (reported on macOS:
+  pytorch/pytorch#26049), the ranks retry it until a timeout ends the launch. Measured on
+  Linux with a host name that does not resolve: without the flag the same launch ran for
+  over a minute and failed (60, 90 and 120 s launches), with it it succeeded in 2.7 s. Every
+  agent of a launch runs on this machine, so the loopback address always works.
+  (tests/test_multirank.py::test_a_host_name_that_does_not_resolve_changes_nothing, where
+  the system lets a process rename its host.)
 - `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`: without it a group restarted by `--max-restarts`
   reads the first attempt's stale addresses and fails or hangs (pytorch/pytorch#135712).
 - In a rank, `serve` tears down with a barrier only when the part ended normally, then
-  always `destroy_process_group()`, then `os._exit` (AUTHORING.md has the measurements).
+  always `destroy_process_group()`, then `os._exit` (AUTHORING.md says why; the measured
+  counts live in the docstring of tests/workers/all_reduce.py, which `python -m
+  scripts.soak` reproduces; tests/test_multirank.py::test_the_failure_path_skips_the_barrier).
 
 Standard library only (torch is imported inside the rank's functions), so that a test can
 use the launcher without importing torch.

@@ -24,14 +24,14 @@
 #
 # **How to run:** `python lessons/09_collectives_and_dtensor/collectives_and_dtensor.py` or
 # `make lesson N=09` from the repository root, or open `collectives_and_dtensor.ipynb`. It
-# launches three 2-rank runs of `worker.py` (about 20 s in all, on the CPU, with the gloo
-# backend) through the course's multi-rank kit, `lessons/multirank.py`, which this lesson
-# introduces (copy the whole course, not only this folder). You can run the worker
+# launches three 2-rank runs of `worker.py` (under a minute on two CPU cores, more when
+# they are busy, with the gloo backend) through the course's multi-rank kit, `lessons/multirank.py`, which this lesson
+# introduces (copy the whole course, not only this folder). `worker.py` is the code each
+# rank runs, written from this lesson's `#@worker` cells (section 1). You can run it
 # yourself, each rank's output then interleaved:
 # `torchrun --standalone --nproc-per-node=2 lessons/09_collectives_and_dtensor/worker.py collectives`
 # (or `mismatch`; add `--backend nccl` on a machine with 2 GPUs). Each printing cell is followed
-# by an *Output* block: what it printed with the pinned PyTorch (2.13.0), checked by
-# `make test`.
+# by an *Output* block: what it printed with the pinned PyTorch (2.13.0).
 
 # %%
 import ast
@@ -40,83 +40,111 @@ import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import torch
 from matplotlib.patches import Rectangle
+from torch.distributed.constants import default_pg_timeout
 
-torch.manual_seed(0)
-torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
-HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit, multirank.py
-from multirank import launch, section, show, still_running  # noqa: E402
-
-WORKER = HERE / "worker.py"
+# lessons/, the folder of the course's multi-rank kit (multirank.py) and source map (sourcemap.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] if "__file__" in globals() else Path.cwd().parent))
+from multirank import launch, section, show, still_running
 
 # %% [markdown]
 # ## 1. Launching ranks without ever hanging
 #
 # `torchrun` (the module `torch.distributed.run`) starts one Python process per rank and
 # tells each, through environment variables, who it is: `RANK` (0 or 1 here), `WORLD_SIZE`
-# (2), `LOCAL_RANK` (its number on this machine: the GPU it should use), and where rank 0
-# listens so that the others can find it (`MASTER_ADDR`, `MASTER_PORT`; `--standalone`
-# picks a free port on localhost).
+# (2), `LOCAL_RANK` (its number among the ranks of its own machine: the GPU it should use),
+# and where rank 0 listens so that the others can find it (`MASTER_ADDR`, `MASTER_PORT`;
+# `--standalone` picks a free port on localhost).
 #
+# Every rank runs the same file, `worker.py`, and you read its code in this notebook: a
+# code cell whose first line is `#@worker` is code the ranks run. Such a cell only defines
+# (imports, functions, constants) and calls nothing, so running it here changes nothing;
+# the course copies these cells, in order, into `worker.py` beside the lesson, and that file
+# is what torchrun launches (to change the worker, edit a cell and regenerate the file, as
+# *Exercises* says). Each rank function comes just before the cell that shows what the
+# ranks printed. The first holds the worker's imports:
+
+# %%
+#@worker
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
+
+from multirank import MARK, heading, say, serve, shared
+
+# %%
+torch.manual_seed(0)
+torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+WORKER = HERE / "worker.py"
+
+# %% [markdown]
 # Starting ranks safely takes more code than one call, and every lesson from here on needs
-# it, so it lives in one module that they all import, the course's *multi-rank kit*:
-# `lessons/multirank.py` (the cell above puts its folder on Python's path). Open it and
-# read it once now; this lesson is where each of its precautions is explained, and the
-# later lessons simply call it. In this notebook, `launch(WORKER, ["part"])` runs
+# it, so it lives in one module they all import, the course's *multi-rank kit*,
+# `lessons/multirank.py` (the first code cell put its folder on Python's path). In this
+# notebook, `launch(WORKER, ["part"])` runs
 # `torchrun --standalone --nproc-per-node=2 worker.py part` and returns a `Run`: torchrun's
-# exit code, the wall time, and what each rank printed. The precautions, each learnt the
-# hard way on this machine:
+# exit code, the wall time, and what each rank printed. In the worker, `serve` reads the
+# part's name from the command line, joins the process group, runs the part and tears the
+# rank down (section 2 says how); `say` prints one line prefixed `rank N:`, `shared` prints
+# a fact every rank shares from rank 0 only, and `heading("world")` starts the section that
+# `show(run, "world")` prints.
 #
-# - **A hard timeout.** A rank stuck in a collective waits for its partner for as long as
-#   its process group's timeout, and gloo's default is 30 minutes. The kit gives every
-#   group a short one (60 s, in `setup`), but a launch can hang before that applies (a rank
-#   stuck at start-up, a rendezvous that never completes), so `launch` bounds it from the
-#   outside too (`timeout=`, 120 s unless said otherwise): at the deadline it sends torchrun
-#   SIGTERM, which torchrun forwards to its ranks, waits 3 s, then kills what is left.
-# - **Killing all of it.** torchrun runs in a process session of its own
-#   (`start_new_session=True`), so that one `killpg` reaches it. But torchrun starts each
-#   rank in *its own* session as well (the ranks print it below): killing torchrun's session
-#   leaves the ranks running (measured: both ranks of a hung worker survived it). So
-#   `launch` marks every process of a launch with an environment variable,
-#   `COURSE_LAUNCH_ID`, which torchrun and the ranks inherit, and `kill_launch` SIGKILLs
-#   torchrun's session, every descendant of torchrun, and every process carrying the mark
-#   (found in `/proc`, on Linux). It runs whenever `launch` returns *or is left*: after a
-#   normal end, at the timeout, on an exception, on Ctrl-C or a notebook's Interrupt
-#   (`KeyboardInterrupt`), and on SIGTERM, for which `launch` installs a handler while ranks
-#   run (without it Python dies on SIGTERM without running any `finally`). Before the kit,
-#   interrupting this notebook mid-launch left torchrun and both ranks running. SIGKILL
-#   runs no code at all (Jupyter sends it to restart a busy kernel), so there the ranks
-#   look after themselves: `launch` passes its pid down (`COURSE_LAUNCHER_PID`), and a
-#   thread in each rank (started by `setup`) checks twice a second that torchrun is still
-#   that process's child; once it is not, the rank SIGKILLs torchrun, then exits. On Linux
-#   the kernel also SIGKILLs torchrun when its parent dies (`PR_SET_PDEATHSIG`).
-#   `tests/test_multirank.py` SIGKILLs a parent mid-launch and finds nothing left.
-# - **One file per rank.** `--log-dir` with `--redirects 3` sends each rank's stdout and
-#   stderr to `DIR/<run id>/attempt_0/<rank>/stdout.log` and `stderr.log`: two ranks
-#   printing at once to one terminal can interleave *inside* a line. `launch` reads them
-#   into `run.out[rank]` and `run.err[rank]` and deletes them. The worker still prints each
-#   line with one `print` call, prefixed `rank N:` (the kit's `say`), for when you run it
-#   by hand.
-# - **`OMP_NUM_THREADS=1`.** Two ranks on two cores: more threads per rank only fight.
-# - **`--local-addr=127.0.0.1`.** Without it torchrun tells the ranks where to meet
-#   (`MASTER_ADDR`) by the fully qualified host name of rank 0's machine
-#   (`socket.getfqdn()`). On a machine whose name does not resolve to an address (reported
-#   on macOS, pytorch/pytorch#26049), every rank then retries that name until a timeout
-#   ends the launch; with the loopback address the name does not matter. Measured here on
-#   Linux with a host name that does not resolve: without the flag the same launch ran for
-#   over a minute and failed, with it it succeeded in 2.7 s;
-#   `tests/test_multirank.py` repeats it where the system lets it rename the host.
+# Why a launch never hangs and never leaves a process behind: `launch` bounds it with a hard
+# timeout (120 s unless you pass `timeout=`), because a rank stuck in a collective waits as
+# long as its group's timeout (gloo's default is 30 minutes, printed in section 5; the kit
+# gives the default group 60 s) and a rank stuck before that can wait forever. However
+# `launch` ends (normally, at the timeout, on an exception, on Ctrl-C or a notebook's
+# Interrupt, on SIGTERM, even when the notebook's kernel is killed outright), every process
+# of the launch is killed.
+# Killing torchrun is not enough for that: it starts each rank in a process *session* of its
+# own, out of reach of a signal to torchrun's session, so every process of a launch carries
+# a mark in its environment, `COURSE_LAUNCH_ID`, and the kit kills each process that
+# carries it. And each rank writes its output to a log file of its own, which `launch` reads
+# into `run.out[rank]`: two ranks printing to one terminal can interleave inside a line. The
+# kit's docstring lists every precaution, why it is there, and what proves it.
 #
-# The worker's side of the kit is `serve`: `worker.py` ends with
-# `serve({"collectives": collectives, ...})`, which reads the part to run from the command
-# line, joins the process group, runs the part and tears the rank down (section 2 says how).
-# `show(run, "world")` prints one section of each rank's output: the lines after the rank's
-# `== world ==` heading.
-#
+# The part `collectives` runs sections 1 to 4 in one launch; each section below shows its
+# function before its output. Here are the worker's parts, and its `main`, which torchrun's
+# command line reaches through `serve`:
+
+# %%
+#@worker
+def collectives(device):
+    world(device)
+    basics(device)
+    late_rank(device)
+    mesh = init_device_mesh(device.type, (2,), mesh_dim_names=("dp",))
+    sharded, partial = placements(mesh, device)
+    redistributions_of(mesh, sharded, partial)
+    sharded_matmul(mesh, device)
+    random_matmul(mesh, device)
+    return 0  # the exit code
+
+
+def main():
+    serve({"collectives": collectives, "mismatch": mismatch, "hang": hang})
+
+# %% [markdown]
 # **Predict.** Both ranks run the same script. What differs between the two ranks' first
-# lines? Which lines appear only once?
+# lines? Which lines appear only once? The first function of the part says who each rank is:
+
+# %%
+#@worker
+def world(device):
+    heading("world")
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    say(f"rank {dist.get_rank()} of {dist.get_world_size()}, env {env}, device {device.type}")
+    shared(f"backend {dist.get_backend()}, default group ranks {dist.get_process_group_ranks(dist.group.WORLD)}")
+    # what the kit relies on to kill a launch: each rank leads a session of its own (torchrun
+    # starts it so), and carries the launch's mark in its environment
+    say(f"leads a process session of its own: {os.getsid(0) == os.getpid()}; carries {MARK}: {MARK in os.environ}")
 
 # %%
 run = launch(WORKER, ["collectives"])
@@ -135,18 +163,24 @@ show(run, "world")
 # ```
 #
 # Each rank read its identity from the environment torchrun gave it, then called
-# `dist.init_process_group("gloo", timeout=...)` (in the kit's `setup`), which used
-# `MASTER_ADDR`/`MASTER_PORT` to meet the other rank and build the *default process
-# group*: every rank of the world, with a *backend* that moves the bytes. gloo runs on CPUs
-# over TCP; NCCL is the backend for CUDA GPUs (the worker takes `--backend nccl`). Facts
-# both ranks share (backend, group) are printed by rank 0 only. Each rank leads a session
-# of its own, which is why killing torchrun's session could not reach it, and carries the
-# launch's mark, which is how the kit finds it. The whole launch took a few seconds, most
-# of it starting two Python processes that import torch; the collectives themselves take
-# milliseconds.
+# `dist.init_process_group("gloo", timeout=...)` (in the kit's `setup`, which `serve`
+# calls), which used `MASTER_ADDR`/`MASTER_PORT` to meet the other rank and build the
+# *default process group*: every rank of the world, with a *backend* that moves the bytes.
+# gloo runs on CPUs over TCP; NCCL is the backend for CUDA GPUs (the worker takes
+# `--backend nccl`). Facts both ranks share (backend, group) are printed by rank 0 only.
+# Each rank leads a session of its own, which is why killing torchrun's session could not
+# reach it, and carries the launch's mark, which is how the kit finds it. The launch took the
+# seconds printed above, most of them spent starting Python processes that import torch.
 #
 # **Predict.** The worker's `hang` part never ends. Launched with `timeout=2`, when does
 # `launch` return, with which exit code, and what is left running?
+
+# %%
+#@worker
+def hang(device):
+    """A rank that never finishes, as one stuck before its first collective would."""
+    while True:
+        time.sleep(1)
 
 # %%
 stuck = launch(WORKER, ["hang"], timeout=2)
@@ -161,13 +195,13 @@ print(f"processes of the launch still running: {len(still_running(WORKER, stuck.
 # ```
 #
 # `launch` returned a little after its 2 s (the time varies with the machine's load), with
-# no exit code: torchrun did not finish, it was stopped. Nothing is left: `still_running`
-# lists the processes whose command line names the worker (torchrun's and the ranks') and,
-# on Linux, that carry this launch's mark.
-# (After 2 s the ranks may still be importing torch or already hanging: the kill does not
-# care which.) A hang costs the timeout you chose, never more; the course's tests prove the
-# same for a hang after the process group is up, and for an interrupted notebook
-# (`tests/test_multirank.py`).
+# no exit code: torchrun did not finish, it was stopped (SIGTERM first, which torchrun
+# forwards to its ranks, then SIGKILL 3 s later for whatever is left). Nothing is left:
+# `still_running` lists the processes whose command line names the worker (torchrun's and
+# the ranks') and, on Linux, that carry this launch's mark. (After 2 s the ranks may still
+# be importing torch or already hanging: the kill does not care which.) A hang costs the
+# timeout you chose, never more; the same holds for a hang after the process group is up,
+# and for an interrupted or killed notebook.
 
 # %% [markdown]
 # ## 2. Collectives on sum-partials
@@ -187,6 +221,33 @@ print(f"processes of the launch still running: {len(still_running(WORKER, stuck.
 # `all_gather_single` produce, and is that the vector [11, 22]?
 
 # %%
+#@worker
+def partial_vector(device):
+    """The sum-partials of the logical vector [11, 22]: [1, 2] on rank 0, [10, 20] on rank 1."""
+    return torch.tensor([1, 2] if dist.get_rank() == 0 else [10, 20], device=device)
+
+
+def basics(device):
+    heading("collectives")
+    x = partial_vector(device)
+    say(f"partial x = {x.tolist()}")
+    y = x.clone()  # every collective here writes in place or into an output we allocate
+    dist.all_reduce(y)  # SUM by default
+    say(f"all_reduce            -> {y.tolist()}")
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x)
+    say(f"all_gather            -> {[p.tolist() for p in parts]}")
+    cat = torch.empty(2 * x.numel(), dtype=x.dtype, device=device)
+    dist.all_gather_single(cat, x)  # the current name; all_gather_into_tensor is deprecated
+    say(f"all_gather_single     -> {cat.tolist()}  ({cat.numel()} elements)")
+    mine = torch.empty(x.numel() // 2, dtype=x.dtype, device=device)
+    dist.reduce_scatter_single(mine, x)  # the current name; reduce_scatter_tensor is deprecated
+    say(f"reduce_scatter_single -> {mine.tolist()}")
+    b = x.clone()
+    dist.broadcast(b, src=0)
+    say(f"broadcast(src=0)      -> {b.tolist()}")
+
+# %%
 show(run, "collectives")
 
 # %% [markdown]
@@ -195,21 +256,21 @@ show(run, "collectives")
 # rank 0: partial x = [1, 2]
 # rank 0: all_reduce            -> [11, 22]
 # rank 0: all_gather            -> [[1, 2], [10, 20]]
-# rank 0: all_gather_single     -> [1, 2, 10, 20]  (4 elements: the partials side by side)
+# rank 0: all_gather_single     -> [1, 2, 10, 20]  (4 elements)
 # rank 0: reduce_scatter_single -> [11]
 # rank 0: broadcast(src=0)      -> [1, 2]
 # rank 1: partial x = [10, 20]
 # rank 1: all_reduce            -> [11, 22]
 # rank 1: all_gather            -> [[1, 2], [10, 20]]
-# rank 1: all_gather_single     -> [1, 2, 10, 20]  (4 elements: the partials side by side)
+# rank 1: all_gather_single     -> [1, 2, 10, 20]  (4 elements)
 # rank 1: reduce_scatter_single -> [22]
 # rank 1: broadcast(src=0)      -> [1, 2]
 # ```
 #
 # `all_reduce` completes the partials: both ranks hold [11, 22]. `reduce_scatter` does the
 # same sum but leaves each rank only its half, [11] on rank 0 and [22] on rank 1: half the
-# memory, and on a ring of N ranks about half the traffic of an all-reduce (an all-reduce
-# *is* a reduce-scatter followed by an all-gather). Gathering is the classic mistake with
+# memory, and on a ring of N ranks about half the traffic of an all-reduce (a ring
+# all-reduce *is* a reduce-scatter followed by an all-gather). Gathering is the classic mistake with
 # partials: `all_gather_single` puts them side by side, 4 elements where the logical vector
 # has 2, and none of the four is right. A gather is for *shards* (pieces of a tensor); a
 # reduction is for *partials* (summands of it). `broadcast` copies rank 0's tensor over
@@ -217,11 +278,26 @@ show(run, "collectives")
 #
 # The names are PyTorch 2.13's: `all_gather_into_tensor` and `reduce_scatter_tensor` still
 # work but emit a `FutureWarning` pointing to `all_gather_single` and
-# `reduce_scatter_single`. Every collective here is *blocking* (it returns when this rank's
-# part is done); with `async_op=True` it returns a work handle to `wait()` on instead.
+# `reduce_scatter_single` (read from `torch/distributed/distributed_c10d.py`). Every
+# collective here is *blocking* (it returns when this rank's part is done); with
+# `async_op=True` it returns a work handle to `wait()` on instead.
 #
-# **Predict.** In the worker, rank 1 sleeps 0.5 s before calling `dist.barrier()`, rank 0
-# does not. How long does each wait inside the barrier?
+# **Predict.** Below, rank 1 sleeps 0.5 s before calling `dist.barrier()`, rank 0 does not.
+# How long does each wait inside the barrier?
+
+# %%
+#@worker
+def late_rank(device):
+    heading("barrier")
+    time.sleep(0.5 * dist.get_rank())  # rank 1 is late: it has "more work" to do
+    entered = time.monotonic()  # one clock for every process of this machine
+    dist.barrier()
+    left = time.monotonic()
+    say(f"waited {left - entered:.2f} s at the barrier")
+    times = [torch.zeros(2, dtype=torch.float64, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(times, torch.tensor([entered, left], dtype=torch.float64, device=device))
+    last_in = max(t[0] for t in times)
+    shared(f"every rank left the barrier after the last one entered it: {all(t[1] >= last_in for t in times)}")
 
 # %%
 show(run, "barrier")
@@ -236,24 +312,17 @@ show(run, "barrier")
 #
 # Rank 0 waits about 0.5 s, rank 1 about nothing (times vary from run to run and with the
 # machine's load): a barrier returns on no rank before every rank has entered it, which the
-# ranks checked by exchanging the moments they entered and left it (on one machine, every
+# ranks confirmed by exchanging the moments they entered and left it (on one machine, every
 # process reads the same monotonic clock). The early rank pays for the late one. Every
 # collective synchronises this way: a slow rank stalls the whole group, which is why a
 # distributed job runs at the speed of its slowest rank.
 #
-# A barrier is also how the kit's `teardown` ends a rank, but only one that finished its
-# part normally: no rank tears down while another still talks to it. Then, on every path,
-# `dist.destroy_process_group()`: a rank that just falls off the end of its script can die
-# *after* its work with "terminate called without an active exception" (SIGABRT), because a
-# gloo thread still frees a finished collective while Python shuts down. It is not rare:
-# about one launch in four when measured, none in 640 with `destroy_process_group()`, and a
-# barrier alone does not prevent it (the counts, and the cause read from core dumps, are in
-# the docstring of `tests/workers/all_reduce.py`). After a *failure* the barrier is skipped:
-# the other rank is still at work, its next collective would be matched with this barrier,
-# and both would wait out the group's timeout before failing. Last, the rank flushes its
-# output and leaves with `os._exit(code)`, skipping Python's own shutdown, the stage where
-# that abort happens: a precaution rather than a measured fix (one abort in 20 launches
-# without it, none in 20 with it, too few to tell apart).
+# A barrier is also how `serve` ends a rank that finished its part normally, so that no rank
+# tears down while another still talks to it; then, on every path, it calls
+# `dist.destroy_process_group()`. Do the same in your own scripts: a rank that just falls off
+# the end of its script can die *after* its work with "terminate called without an active
+# exception" (SIGABRT), and a barrier alone does not prevent that abort (the evidence is in
+# the docstring of [`tests/workers/all_reduce.py`](../../tests/workers/all_reduce.py)).
 
 # %% [markdown]
 # ## 3. DeviceMesh and DTensor placements
@@ -273,6 +342,20 @@ show(run, "barrier")
 # **Predict.** `torch.arange(4)` distributed as `Shard(0)` and as `Replicate()`, and our
 # partials declared `Partial()`: what is the global shape of each, and what does each rank
 # hold locally?
+
+# %%
+#@worker
+def placements(mesh, device):
+    heading("placements")
+    shared(f"mesh {mesh}")
+    say(f"mesh coordinate dp={mesh.get_local_rank('dp')}")
+    full = torch.arange(4, device=device)
+    for placement in (Shard(0), Replicate()):
+        d = distribute_tensor(full, mesh, [placement])
+        say(f"{placement}: global {list(d.shape)} local {d.to_local().tolist()}")
+    p = DTensor.from_local(partial_vector(device), mesh, [Partial()])
+    say(f"{p.placements[0]}: global {list(p.shape)} local {p.to_local().tolist()}")
+    return distribute_tensor(full, mesh, [Shard(0)]), p
 
 # %%
 show(run, "placements")
@@ -299,7 +382,32 @@ show(run, "placements")
 #
 # **Predict.** `d.redistribute(mesh, [new_placement])` changes a placement. Which
 # collective must run for Shard→Replicate, Partial→Replicate, Partial→Shard(0), and
-# Replicate→Shard(0)? The worker counts them with `CommDebugMode`.
+# Replicate→Shard(0)? `CommDebugMode` counts the collectives run inside its `with` block.
+
+# %%
+#@worker
+def comms(counts):
+    """CommDebugMode's counts as text: 'all_reduce x1', or 'none' when nothing was sent."""
+    text = ", ".join(f"{str(op).split('.')[-1]} x{n}" for op, n in counts.items())
+    return text or "none"
+
+
+def redistribute(d, mesh, placement):
+    """Redistribute, print before/after local pieces, and which collective it ran."""
+    with CommDebugMode() as counter:
+        out = d.redistribute(mesh, [placement])
+    say(f"{d.placements[0]} -> {placement}: local {d.to_local().tolist()} -> {out.to_local().tolist()}")
+    shared(f"{d.placements[0]} -> {placement} ran: {comms(counter.get_comm_counts())}")
+    return out
+
+
+def redistributions_of(mesh, sharded, partial):
+    heading("redistribute")
+    redistribute(sharded, mesh, Replicate())
+    redistribute(partial, mesh, Replicate())
+    redistribute(partial, mesh, Shard(0))
+    replicated = distribute_tensor(torch.arange(4, device=sharded.device), mesh, [Replicate()])
+    redistribute(replicated, mesh, Shard(0))
 
 # %%
 show(run, "redistribute")
@@ -326,8 +434,8 @@ show(run, "redistribute")
 # `reduce_scatter_single`), and Replicate→Shard needs no communication at all: every rank
 # already has the whole tensor and keeps its slice. (DTensor calls the *functional*
 # collectives, the operators in `torch.ops._c10d_functional`, which return new tensors
-# instead of writing in place; their names are not the deprecated `torch.distributed`
-# functions.) The figure
+# instead of writing in place: the counts name these operators, not the deprecated
+# `torch.distributed` functions of the same name.) The figure
 # below draws each rank's local pieces before and after, from the lines the ranks printed.
 
 # %%
@@ -399,7 +507,37 @@ fig.savefig(HERE / "redistributions.png")
 # each rank can multiply its pieces with no communication.
 #
 # **Predict.** What placement does DTensor give `a @ b`? What must `full_tensor()` then
-# run, and is the result exactly the single-process `a @ b`?
+# run, and is the result exactly the single-process `a @ b`? The second function repeats
+# the split on random float32 inputs, 64 wide.
+
+# %%
+#@worker
+def sharded_matmul(mesh, device):
+    heading("matmul")
+    a = torch.arange(8.0, device=device).reshape(2, 4)  # (2, 4): small integers, exact sums
+    b = torch.arange(12.0, device=device).reshape(4, 3)  # (4, 3)
+    da = distribute_tensor(a, mesh, [Shard(1)])  # each rank: 2 of a's 4 columns
+    db = distribute_tensor(b, mesh, [Shard(0)])  # each rank: the matching 2 of b's 4 rows
+    with CommDebugMode() as counter:
+        dc = da @ db
+    say(f"a local {da.to_local().tolist()}, b local {db.to_local().tolist()}")
+    say(f"a @ b local {dc.to_local().tolist()}")
+    shared(f"a @ b placement {dc.placements[0]}, ran: {comms(counter.get_comm_counts())}")
+    with CommDebugMode() as counter:
+        full = dc.full_tensor()
+    shared(f"full_tensor() {full.tolist()}, ran: {comms(counter.get_comm_counts())}")
+    shared(f"equal to the single-process a @ b: {torch.equal(full, a @ b)}")
+
+
+def random_matmul(mesh, device):
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 64, generator=gen).to(device), torch.randn(64, 3, generator=gen).to(device)
+    full = (distribute_tensor(a, mesh, [Shard(1)]) @ distribute_tensor(b, mesh, [Shard(0)])).full_tensor()
+    halves = a[:, :32].contiguous() @ b[:32] + a[:, 32:].contiguous() @ b[32:]  # the two ranks' products, added
+    # Bitwise equality with one process's a @ b depends on the order the BLAS sums in (it
+    # differs between CPUs), so it is not printed as a fact: the gap is, against a bound.
+    shared(f"random fp32: bitwise equal to the two half-products added: {torch.equal(full, halves)}; "
+           f"max gap to one process's a @ b below 1e-5: {(full - a @ b).abs().max().item() < 1e-5}")
 
 # %%
 show(run, "matmul")
@@ -433,22 +571,59 @@ show(run, "matmul")
 #
 # A collective is matched by *position*: the group's n-th collective on rank 0 meets the
 # n-th on rank 1. Nothing checks by default that they are the same call. The second launch
-# runs `worker.py mismatch`, where rank 0 calls `all_reduce` while rank 1 calls
-# `all_gather` on a group made with `dist.new_group(backend="gloo", timeout=3 s)` (a new
-# group, so that the default group stays usable for the worker's polite teardown).
+# runs the worker's part `mismatch`, where rank 0 calls `all_reduce` while rank 1 calls
+# `all_gather` on a group made with `dist.new_group(backend="gloo", timeout=3 s)`, a new
+# group with a short timeout of its own.
 #
-# **Predict.** Does this hang forever (gloo's default timeout is 30 minutes), silently
-# return garbage, or fail? After how long?
+# **Predict.** Does this hang forever (gloo's default timeout, printed below, is 30
+# minutes), silently return garbage, or fail? After how long?
+
+# %%
+#@worker
+SHORT = datetime.timedelta(seconds=3)  # the mismatch demos' groups
+
+
+def mismatched_call(group):
+    """Rank 0 all_reduce, rank 1 all_gather, on the same group: the contract is broken."""
+    x = partial_vector(torch.device("cpu"))
+    start = time.perf_counter()
+    try:
+        if dist.get_rank() == 0:
+            dist.all_reduce(x, group=group)
+        else:
+            dist.all_gather([torch.empty_like(x) for _ in range(2)], x, group=group)
+    except RuntimeError as err:
+        return time.perf_counter() - start, str(err)
+    return time.perf_counter() - start, None
+
+
+def timeout_demo():
+    heading("timeout")
+    group = dist.new_group(backend="gloo", timeout=SHORT)  # gloo: works beside an NCCL default
+    seconds, err = mismatched_call(group)
+    # the message varies ("Timed out waiting 3000ms for recv ..." or "Connection closed by
+    # peer"): stable is that it raises, after about the group's timeout
+    verb = "raised RuntimeError" if err else "returned (no error)"
+    say(f"{'all_reduce' if dist.get_rank() == 0 else 'all_gather'} {verb} after {seconds:.1f} s")
+    return err is not None
+
+
+def mismatch(device):
+    found = [timeout_demo(), detail_demo(), monitored_demo()]
+    say(f"raised in {sum(found)} of {len(found)} demos; exiting with 1")
+    return 1  # a mismatch is a failure
 
 # %%
 bad = launch(WORKER, ["mismatch"], timeout=60)
 print(f"torchrun exit code {bad.code} after {bad.seconds:.1f} s (launch timeout 60 s)")
+print(f"a group made without timeout= would wait (gloo's default): {default_pg_timeout}")
 show(bad, "timeout")
 
 # %% [markdown]
 # Output:
 # ```text
 # torchrun exit code 1 after «time» s (launch timeout 60 s)
+# a group made without timeout= would wait (gloo's default): 0:30:00
 # rank 0: all_reduce raised RuntimeError after «time» s
 # rank 1: all_gather raised RuntimeError after «time» s
 # ```
@@ -457,17 +632,28 @@ show(bad, "timeout")
 # never sends. The message says only that much, and it varies ("Timed out waiting 3000ms
 # for recv operation to complete", or "Connection closed by peer" when the partner gives up
 # first): nothing in it names the mismatched call. With gloo's default timeout the same job
-# would sit for 30 minutes; set `timeout=` in `init_process_group` and `new_group`. And it
-# can be worse than a hang: when both ranks called `all_reduce` but with 2 and 3 elements
-# (tried on this machine, outside the lesson), rank 0 *returned* [11.0, 22.0] and only rank
-# 1 raised ("Connection closed by peer"). The worker's part catches these errors and returns
-# exit code 1 on both ranks (a mismatch is a failure); both ranks got there normally, so
-# the teardown's barrier and `destroy_process_group()` run, and torchrun reports the
-# failure (exit code 1) well inside the launcher's 60 s.
+# would sit for 30 minutes; set `timeout=` in `init_process_group` and `new_group`. (Can
+# it be worse than a hang? Exercise C gives the two ranks' `all_reduce` calls different
+# shapes.) The part catches these errors and returns exit code 1 on both ranks; both ranks
+# got there normally, so the teardown's barrier and `destroy_process_group()` run, and
+# torchrun reports the failure (exit code 1) well inside the launcher's 60 s.
 #
 # **Predict.** With the debug level DETAIL, each collective is first checked against the
 # other ranks' (its "fingerprint": op type, shapes, dtypes). How fast is the mismatch
 # found now, and what does the error say?
+
+# %%
+#@worker
+def detail_demo():
+    heading("detail")
+    dist.set_debug_level(dist.DebugLevel.DETAIL)  # what TORCH_DISTRIBUTED_DEBUG=DETAIL sets at import
+    group = dist.new_group(backend="gloo", timeout=SHORT)  # wrapped: fingerprints checked first
+    dist.set_debug_level(dist.DebugLevel.OFF)
+    seconds, err = mismatched_call(group)
+    say(f"raised after {seconds:.2f} s: {err.split('. ')[0] if err else 'no error'}")
+    if err:
+        say(" ".join(err.split("following aspects:")[-1].split()))
+    return err is not None
 
 # %%
 show(bad, "detail")
@@ -487,12 +673,32 @@ show(bad, "detail")
 # PyTorch's). `TORCH_DISTRIBUTED_DEBUG=DETAIL` in the environment sets this level when
 # `torch.distributed` is imported, and every group then gets the checking wrapper; the
 # worker calls `dist.set_debug_level(DebugLevel.DETAIL)` around one `new_group` instead, so
-# that one launch shows both behaviours. The check costs extra messages on every call (and
-# DDP under DETAIL crashed on this machine), so it is a debugging switch, not a default.
+# that one launch shows both behaviours. The check costs extra messages on every call, so
+# it is a debugging switch, not a default.
 #
 # A rank that never arrives at all (stuck in a data loader, an infinite loop) is the other
 # common failure. `dist.monitored_barrier(timeout=...)` (gloo only) makes rank 0 wait for
-# each other rank separately and name the ones that did not come.
+# each other rank separately and name the first rank that did not come (every one with
+# `wait_all_ranks=True`). Here rank 1 is busy
+# elsewhere and never enters it:
+
+# %%
+#@worker
+def monitored_demo():
+    heading("monitored_barrier")
+    group = dist.new_group(backend="gloo", timeout=SHORT)
+    if dist.get_rank() == 1:
+        time.sleep(1.5)  # stuck elsewhere: never enters the monitored barrier
+        say("was busy and never entered the monitored barrier")
+        return False
+    start = time.perf_counter()
+    try:
+        dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=1))
+    except RuntimeError as err:
+        say(f"raised after {time.perf_counter() - start:.1f} s: {str(err).splitlines()[0]}")
+        return True
+    say("monitored barrier passed")
+    return False
 
 # %%
 show(bad, "monitored_barrier")
@@ -516,8 +722,9 @@ show(bad, "monitored_barrier")
 #
 # - torchrun starts one process per rank and passes `RANK`, `LOCAL_RANK`, `WORLD_SIZE` and
 #   the rendezvous address in the environment; `init_process_group` builds the default
-#   group over a backend (gloo on CPU, NCCL on CUDA). The course's kit, `multirank.py`,
-#   launches under a hard timeout, kills every process of a launch however the launch ends
+#   group over a backend (gloo on CPU, NCCL on CUDA). What each rank runs is this lesson's
+#   `#@worker` cells, copied into `worker.py`. The course's kit, `multirank.py`, launches
+#   under a hard timeout, kills every process of a launch however the launch ends
 #   (torchrun's session, its descendants, every process carrying the launch's mark), gives
 #   each rank's output its own file, and ends every rank with `barrier()` (only after
 #   success) then `destroy_process_group()` (always).
@@ -533,6 +740,22 @@ show(bad, "monitored_barrier")
 #   all-reduces, Partial→Shard reduce-scatters, Replicate→Shard sends nothing. A
 #   column-sharded times row-sharded matmul is Partial, and `full_tensor()` equals the
 #   single-process product up to the order of additions.
+
+# %% [markdown]
+# ## References
+#
+# - [`torch.distributed`](https://docs.pytorch.org/docs/2.13/distributed.html): process
+#   groups and backends, every collective of section 2, `new_group`'s `timeout`,
+#   `monitored_barrier` and `TORCH_DISTRIBUTED_DEBUG` (section 5), torchrun's environment.
+# - [`init_device_mesh`](https://docs.pytorch.org/docs/2.13/distributed.html#torch.distributed.device_mesh.init_device_mesh):
+#   the mesh of section 3, its named dimensions and their process groups.
+# - [`torch.distributed.tensor`](https://docs.pytorch.org/docs/2.13/distributed.tensor.html):
+#   DTensor, `Shard`, `Replicate`, `Partial`, `distribute_tensor`, `from_local`,
+#   `redistribute`, `full_tensor` and `CommDebugMode` (sections 3 and 4).
+# - [Horovod](https://arxiv.org/abs/1802.05799): ring all-reduce for data-parallel training,
+#   the reduce-scatter then all-gather of section 2.
+# - [PyTorch Distributed](https://arxiv.org/abs/2006.15704): how DDP overlaps its gradient
+#   all-reduces with the backward pass, built on the collectives of this lesson.
 
 # %% [markdown]
 # ## Read the source
@@ -701,6 +924,22 @@ read_the_source([
 #    collectives in the same order. (*§ Collective order is a contract*)
 #
 #    </details>
+#
+# 6. **Predict.** Four ranks each hold a full-sized summand of an 8-element gradient (what
+#    rank r computed on its quarter of the batch), and each rank updates only its own
+#    quarter of the weights. Which one collective gives every rank what it needs, what does
+#    rank 2 end with, and which DTensor redistribution runs that collective?
+#
+#    <details><summary>Answer</summary>
+#
+#    A reduce-scatter: it sums the four summands and leaves rank r only the r-th chunk, so
+#    rank 2 ends with elements 4 and 5 of the summed gradient. An all-reduce would give every
+#    rank all 8 elements, 6 of them unused. As a DTensor the summands are `Partial()`, and
+#    `Partial → Shard(0)` is the redistribution that ran `reduce_scatter_tensor x1` (on 2
+#    ranks: [11] and [22]). (*§ Collectives on sum-partials*, *§ DeviceMesh and DTensor
+#    placements*)
+#
+#    </details>
 
 # %% [markdown]
 # ## Exercises
@@ -716,14 +955,18 @@ read_the_source([
 # Check them with `make exercises N=09`: the tests compare them with what the two ranks
 # printed in this lesson and with DTensor's own sharding rule. `solutions.py` has one way.
 #
-# These change the worker and run it with torchrun (the output above is your reference):
+# These change the worker: edit its `#@worker` cells in `collectives_and_dtensor.py`,
+# rewrite `worker.py` from them with `make notebooks`, and run it with the `torchrun`
+# command of *How to run* (the output above is your reference):
 #
-# A. Add `ReduceOp.AVG` and `ReduceOp.MAX` all-reduces of the partials to the
-#    `collectives` part. Predict both results first. Which one is DDP's gradient average?
+# A. Add `ReduceOp.AVG` and `ReduceOp.MAX` all-reduces of the partials to `basics`.
+#    Predict both results first. Which one is DDP's gradient average? (AVG on the int64
+#    partials raises "result type Float can't be cast to the desired output type Long":
+#    all-reduce a `.float()` copy.)
 # B. Distribute `torch.arange(5)` as `Shard(0)` on the 2-rank mesh and print each rank's
 #    local piece and `d.shape`. Then redistribute it to `Replicate()`. How does DTensor
 #    split a size that does not divide by the number of ranks?
-# C. In the `mismatch` part, make both ranks call `all_reduce`, but with shapes [2] and [3].
+# C. In `mismatched_call`, make both ranks call `all_reduce`, but with shapes [2] and [3].
 #    What happens without the DETAIL wrapper, and with it? (Give the group a short timeout.)
 # D. Start the worker with `--nproc-per-node=3`. Which lines break, and why does the
 #    lesson's "[1, 2] and [10, 20]" assumption fail? Make `partial_vector` work for any
