@@ -57,9 +57,9 @@ PATH: list[tuple[str, str, str]] = [
     ("Device meshes", "09", "torch/distributed/device_mesh.py"),
     ("Tensor-parallel plans", "10", "torch/distributed/tensor/parallel/style.py"),
     ("Pipelining schedules", "10", "torch/distributed/pipelining/schedules.py"),
-    ("FSDP2", "11", "torch/distributed/fsdp/_fully_shard/_fully_shard.py"),
-    ("Distributed checkpoints", "12", "torch/distributed/checkpoint/state_dict_saver.py"),
-    ("The launcher: torchrun", "12", "torch/distributed/run.py"),
+    ("FSDP2", "11a", "torch/distributed/fsdp/_fully_shard/_fully_shard.py"),
+    ("Distributed checkpoints", "12a", "torch/distributed/checkpoint/state_dict_saver.py"),
+    ("The launcher: torchrun", "12b", "torch/distributed/run.py"),
 ]
 
 # The mastery rubric: what a student who finished the course can do, and the lesson whose
@@ -70,8 +70,8 @@ RUBRIC: list[tuple[str, str, int, str]] = [  # (item, lesson, question number, t
      "has been modified by an"),
     ("Compare SDPA and its gradients with the formula, within a stated bound", "07a", 1, "written by hand"),
     ("Tell a graph break, a guard failure and kernel compilation apart", "08b", 1, "Tell them apart"),
-    ("Explain what FSDP2 keeps resident on each rank, and when it gathers", "11", 1, "resident"),
-    ("Verify that a restored optimizer's next update equals the uninterrupted one", "12", 1, "Adam optimizer"),
+    ("Explain what FSDP2 keeps resident on each rank, and when it gathers", "11b", 1, "resident"),
+    ("Verify that a restored optimizer's next update equals the uninterrupted one", "12a", 1, "Adam optimizer"),
     ("Place a failure in its layer, from the tensor to the launcher", "14", 1, "Place a failure in its layer"),
 ]
 

@@ -36,7 +36,7 @@ def test_all_reduce_on_two_ranks():
 
 
 def test_two_agents_join_one_rendezvous():
-    """Lesson 13's launch: 2 torchrun agents ('nodes'), 2 ranks each, one c10d rendezvous."""
+    """Lesson 13b's launch: 2 torchrun agents ('nodes'), 2 ranks each, one c10d rendezvous."""
     result = launch(WORKERS / "all_reduce.py", ["all_reduce"], nproc=2, nnodes=2)
     assert result.ok, result.describe()
     assert sorted(result.out) == [0, 1, 2, 3]
@@ -184,7 +184,7 @@ def test_a_sigkilled_parent_leaves_no_process(tmp_path, pdeathsig, nnodes):
 
 
 def test_kill_when_kills_the_pid_a_process_wrote(tmp_path):
-    """Lessons 12 and 14's drills: a thread SIGKILLs a process once it wrote its pid."""
+    """Lessons 12b and 14's drills: a thread SIGKILLs a process once it wrote its pid."""
     flag = tmp_path / "paused"
     script = f"import os, pathlib, time\npathlib.Path({str(flag)!r}).write_text(str(os.getpid()))\ntime.sleep(60)\n"
     with kill_when(flag) as killed:
@@ -209,8 +209,8 @@ def test_running_finds_a_process_by_its_command_line(tmp_path):
     assert running(script) == []
 
 
-# ---------------------------------------------------------------- elastic launches (lesson 12)
-# The whole elastic run (a node killed, the survivor renumbered) is lesson 12's section 6,
+# ---------------------------------------------------------------- elastic launches (lesson 12b)
+# The whole elastic run (a node killed, the survivor renumbered) is lesson 12b's section 3,
 # checked by its tests; these check the kit's parts of it, in well under a second each.
 
 

@@ -311,7 +311,7 @@ def test_a_collapsed_notebook_passes_the_notebook_check(tmp_path):
 
 
 def test_multigpu_takes_a_gpu_count():
-    """`@pytest.mark.multigpu(4)` (lesson 13's 2-D step) asks for 4 GPUs; plain multigpu, 2."""
+    """`@pytest.mark.multigpu(4)` (lesson 13a's 2-D step) asks for 4 GPUs; plain multigpu, 2."""
     import torch
 
     from scripts.pytest_course import missing_device

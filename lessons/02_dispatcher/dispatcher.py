@@ -635,7 +635,7 @@ print(f"output shape {tuple(out.shape)}  device {out.device}  "
 # The same ATen ops as on the CPU, answered by meta kernels: half a gigabyte of parameters
 # and a forward pass, with no memory and no arithmetic. This is how large models are built
 # before they are sharded: create on `meta`, shard, then `to_empty(device=...)` allocates
-# only the shard a process keeps, and an init fills it (lesson 13, section 5, runs it on 4
+# only the shard a process keeps, and an init fills it (lesson 13b, section 2, runs it on 4
 # ranks). `torch.compile` relies on the same idea: it traces with *fake tensors*, which
 # the next section opens, to learn every shape and stride of a program without running it.
 

@@ -686,7 +686,7 @@ print(f"torch.utils.data.DataLoader has state_dict: {hasattr(DataLoader, 'state_
 # the sampler (map-style) or the dataset (iterable-style) that far; a sampler or dataset
 # with `state_dict` / `load_state_dict` methods of its own is saved and restored through
 # them, each worker's part included. It does not coordinate ranks: each process saves its
-# own loader's state, next to its model and optimizer state (lesson 12 checkpoints a run).
+# own loader's state, next to its model and optimizer state (lesson 12a checkpoints a run).
 
 
 # %% [markdown]

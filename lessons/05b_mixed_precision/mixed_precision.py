@@ -807,7 +807,7 @@ for name, count in cast_counts.items():
 # And the split matters when tensors travel between processes: float32 gradients make a
 # data-parallel all-reduce move 4 bytes per parameter. Reducing them in 16 bits would
 # halve that, but a sum of many ranks' gradients in bfloat16 rounds every partial sum to 8
-# bits, as lesson 05a's sums and section 1's loss did. Lesson 11's FSDP2 setup splits it the
+# bits, as lesson 05a's sums and section 1's loss did. Lesson 11b's FSDP2 setup splits it the
 # way this section does: it gathers the weights for compute in bfloat16 (2 bytes per
 # parameter) and reduces the gradients in float32.
 

@@ -425,7 +425,7 @@ print(f"at 50% MFU: {0.5 * H200_BF16 / (dense + attn):,.0f} tokens/s")
 #
 # An 8-billion-parameter model needs 128 GB for its training state alone, 85% of the H200,
 # with activations still to come: it does not train on one H200 this way. Shard its state
-# across several GPUs (lesson 11's FSDP2), offload part of it to the host, or use an
+# across several GPUs (lesson 11a's FSDP2), offload part of it to the host, or use an
 # optimizer that keeps less. The 1-billion-parameter model fits with room for activations,
 # and 60,000 tokens/s would be an MFU of 38%; a low MFU usually means the GPU waits (for
 # data, for communication, for the host). MFU counts only the model's FLOPs: recomputation

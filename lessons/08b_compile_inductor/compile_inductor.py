@@ -842,7 +842,7 @@ print(f"  within 1e-5 of eager: {max_gap(ca_end, eager_end) < 1e-5}; "
 #
 # Data-parallel training wraps the model once more, in DDP or FSDP2, whose hooks send
 # gradients while the backward runs; where the compiled regions begin and end then decides
-# when those hooks can fire. Lesson 13 shows compile inside DDP and FSDP2, after lessons 09
+# when those hooks can fire. Lesson 13b shows compile inside DDP and FSDP2, after lessons 09
 # to 12 have taught both wrappers.
 
 # %% [markdown]
