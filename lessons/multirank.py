@@ -553,7 +553,7 @@ def heading(name: str) -> None:
     say(f"== {name} ==")
 
 
-def _watch_launcher() -> None:
+def watch_launcher() -> None:
     """If launch() started this rank, a daemon thread ends the launch once launch()'s process
     is gone. The rank's parent is its torchrun agent, the agent's parent is that process:
     while it lives the agent stays its child; once it dies (even as a zombie not yet reaped)
@@ -579,7 +579,7 @@ def setup(backend: str = "gloo", timeout_s: float = GROUP_TIMEOUT_S):
     """Join the group torchrun describes in the environment, with a timeout of seconds (gloo's
     default is 30 minutes); one thread per rank; a thread that ends the launch if the process
     that called launch() dies. Returns the device for this rank's tensors."""
-    _watch_launcher()  # first: importing torch takes seconds
+    watch_launcher()  # first: importing torch takes seconds
     import torch
     import torch.distributed as dist
 

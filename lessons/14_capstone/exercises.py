@@ -22,8 +22,8 @@ class Shuffler:
     `DataLoader(shuffle=True, drop_last=True)` (its pattern, not its exact numbers): every
     epoch is a new permutation of the n rows, drawn from one generator, and an epoch's last
     incomplete batch is dropped; `next()` returns the (size,) row indices of the
-    next batch. The lesson's worker uses it instead of gpt.batch_rows with
-    `worker.py drill DIR --shuffler exercises.py`, and puts the object into every DCP
+    next batch. The lesson's train.py uses it instead of gpt.batch_rows with
+    `train.py DIR --shuffler exercises.py`, and puts the object into every DCP
     checkpoint (DCP calls its state_dict() on save and load_state_dict() on load)."""
 
     def __init__(self, n, size, seed=0):

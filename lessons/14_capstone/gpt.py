@@ -1,7 +1,8 @@
 """Lesson 14's model, data and training step: one file that the lesson and its ranks import.
 
-The lesson (`capstone.py`) explains each part and uses it in one process; `worker.py` (the
-2-rank stage) imports the same definitions, so the ranks train exactly the same model.
+The lesson (`capstone.py`) explains each part and uses it in one process; `train.py` (the
+training script, written from the lesson's cells) imports the same definitions, so its ranks
+train exactly the same model. Nothing here makes a distributed call.
 
 - the task: `data/reversal.csv` (made by `scripts/make_reversal.py`), `482913>319284`:
   6 digits, `>`, the digits reversed; tokens are characters;
@@ -9,7 +10,7 @@ The lesson (`capstone.py`) explains each part and uses it in one process; `worke
   positions, the output layer tied to the token embedding;
 - `batch_rows`: which training rows step s uses, a function of (seed, s) alone;
 - `loss_fn` (cross-entropy on the answer only), `exact_match` (all 6 digits right),
-  `train_step`, `generate` (sampling with a seeded generator).
+  `train_step`, `generate` (greedy or sampled with a seeded generator, with a KV cache).
 """
 
 from __future__ import annotations
@@ -57,11 +58,20 @@ class Block(nn.Module):
         self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
         self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
 
-    def forward(self, x):  # (B, S, D)
+    def forward(self, x, cache=None):  # (B, S, D)
+        """cache: None, or this block's dict of the keys and values of earlier positions,
+        which the call extends with its own (decoding one position at a time)."""
         b, s, d = x.shape
         qkv = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, d // self.heads)  # (B, S, 3, H, D/H)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, S, D/H)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, S, D/H)
+        if cache is not None:
+            if cache:  # positions before these: their keys and values, computed once
+                if s > 1:  # is_causal's mask is top-left: it would hide the newest cached keys
+                    raise ValueError("with a filled cache, feed one position at a time")
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)  # (B, H, T, D/H)
+            cache["k"], cache["v"] = k, v
+        # causal among the new positions; a single new query may see every cached key
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=s > 1)  # (B, H, S, D/H)
         x = x + self.proj(att.transpose(1, 2).reshape(b, s, d))  # (B, S, D)
         return x + self.down(F.gelu(self.up(self.norm2(x))))  # (B, S, D)
 
@@ -79,11 +89,18 @@ class GPT(nn.Module):
         for table in (self.tok, self.pos):  # small: logits start near 0 (loss ~ ln 11)
             nn.init.normal_(table.weight, std=0.02)
 
-    def forward(self, tokens):  # (B, S) int64 -> (B, S, V) logits
-        x = self.tok(tokens) + self.pos.weight[: tokens.shape[1]]  # (B, S, D)
-        for block in self.blocks:
-            x = block(x)
+    def forward(self, tokens, cache=None):  # (B, S) int64 -> (B, S, V) logits
+        """cache: None (the usual call), or one dict per block (`new_cache`): the call
+        continues the sequence whose keys and values the cache holds."""
+        start = cache[0]["k"].shape[2] if cache and cache[0] else 0  # positions already cached
+        x = self.tok(tokens) + self.pos.weight[start:start + tokens.shape[1]]  # (B, S, D)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if cache is None else cache[i])
         return F.linear(self.norm(x), self.tok.weight)  # (B, S, V): tied to the embedding
+
+    def new_cache(self) -> list[dict]:
+        """An empty KV cache: one dict per block, filled by forward(tokens, cache)."""
+        return [{} for _ in self.blocks]
 
 
 def build(seed: int = 0, **size) -> GPT:
@@ -134,15 +151,18 @@ def exact_match(model: nn.Module, seq: torch.Tensor) -> float:
 
 @torch.no_grad()
 def generate(model: nn.Module, prompt: torch.Tensor, gen: torch.Generator | None = None,
-             temperature: float = 1.0) -> torch.Tensor:
+             temperature: float = 1.0, cache: bool = True) -> torch.Tensor:
     """Append DIGITS characters to prompt (B, 7): sampled with `gen` at `temperature`,
-    or the most likely one (greedy) when gen is None."""
-    out = prompt
+    or the most likely one (greedy) when gen is None. cache=True runs the prompt once and
+    then only each new character, keeping every block's keys and values (a KV cache);
+    cache=False runs the whole sequence so far for every new character."""
+    kv = model.new_cache() if cache else None
+    out, feed = prompt, prompt  # feed: what the next forward pass reads
     for _ in range(DIGITS):
-        logits = model(out)[:, -1].float()  # (B, V): the next character
+        logits = model(feed, kv)[:, -1].float() if cache else model(out)[:, -1].float()  # (B, V)
         if gen is None:
             nxt = logits.argmax(-1, keepdim=True)
         else:
             nxt = torch.multinomial(F.softmax(logits / temperature, dim=-1), 1, generator=gen)
-        out = torch.cat([out, nxt], dim=1)  # (B, S + 1)
+        out, feed = torch.cat([out, nxt], dim=1), nxt  # (B, S + 1), (B, 1)
     return out

@@ -1,19 +1,29 @@
 """Tests of lesson 14: documented outputs; the data file against its generator; the model
 (tied, causal); each stage's claims read from the narrative's namespace (accuracy above
 the threshold, compiled and 2-rank losses within their tolerances, bf16's dtypes, the drill's
-kill, restart and bitwise result, the FLOP count and MFU); the figure's data; the exercises
-(the schedule's values, the shuffler's state in-process and through the drill); the same
-trainer larger on one GPU (bf16, compiled, flash attention), recorded for the GPU report.
+kill, restart and bitwise result, the FLOP count and MFU, the KV cache's tokens and FLOPs);
+the figure's data; `train.py` (generated from the lesson's `#@worker train.py` cells: its
+teardown, its --help, its refusal of a batch the ranks cannot split, bf16 on the CPU on 1
+rank, its GPU paths); the exercises (the schedule's values, the shuffler's state in-process
+and through the drill, and that reviewers' wrong answers fail them); the same trainer larger
+on one GPU (bf16, compiled, flash attention), recorded for the GPU report.
 
 The narrative launches ranks, so the tests here are `multirank` (that no rank outlives the
-lesson, the killed attempt's included, is the `lesson` fixture's check)."""
+lesson, the killed attempt's included, is the `lesson` fixture's check). `train.py` does not
+use the kit's `serve`: it is a plain torchrun script; launched by the kit (COURSE_LAUNCHER_PID
+set) it starts the kit's launcher watch, so a SIGKILLed lesson leaves no rank (checked by
+hand for this commit: parent SIGKILL and SIGINT mid-run, nothing left). The GPU tests
+(`cuda`: 1 GPU, NCCL, a world of 1; `multigpu`: 2 GPUs) skip without CUDA and are
+unverified until a GPU report has run them."""
 
 import math
 import re
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,7 +34,7 @@ from scripts.pytest_course import import_file
 
 pytestmark = pytest.mark.multirank
 HERE = Path(__file__).parent
-WORKER = HERE / "worker.py"
+TRAIN_PY = HERE / "train.py"  # generated from the lesson's #@worker train.py cells
 
 
 def test_script_outputs(lesson):
@@ -188,6 +198,108 @@ def test_figure_plots_the_stages(lesson):
     assert ax.get_yscale() == "log" and (HERE / "capstone_stages.png").is_file()
 
 
+def test_kv_cache_same_tokens_fewer_flops(lesson):
+    ns = lesson.ns
+    gpt, decoded, flops = ns["gpt"], ns["decoded"], ns["kv_flops"]
+    assert torch.equal(decoded[True], decoded[False])  # greedy: the same tokens
+    assert torch.equal(ns["resampled"], ns["samples"])  # sampled without the cache = with it
+    weights, prompts = ns["WEIGHTS"], len(ns["HELD"])
+    positions = sum(range(gpt.DIGITS + 1, gpt.LENGTH))  # 7 + 8 + ... + 12 = 57 without
+    assert positions == 57
+    assert flops[False] == 2 * weights * prompts * 57  # forward matmuls only
+    assert flops[True] == 2 * weights * prompts * 12  # the prompt's 7, then 5 single positions
+    # the cache itself: one dict per block holding (B, H, T, D/H) keys and values
+    kv = ns["model"].new_cache()
+    with torch.no_grad():
+        ns["model"](ns["HELD"][:3, :7], kv)
+        ns["model"](ns["HELD"][:3, 7:8], kv)
+    assert len(kv) == gpt.LAYERS and kv[0]["k"].shape == (3, gpt.HEADS, 8, gpt.WIDTH // gpt.HEADS)
+    # a filled cache takes one position at a time: several would get is_causal's top-left mask
+    with torch.no_grad(), pytest.raises(ValueError, match="one position at a time"):
+        ns["model"](ns["HELD"][:3, 8:10], kv)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 8, generator=gen) for n in (2, 10, 10))  # 2 new queries, 10 keys
+    bottom_right = torch.ones(2, 10, dtype=torch.bool).tril(diagonal=8)  # query i sees keys 0..8+i
+    right = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bottom_right)
+    top_left = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert not torch.allclose(right, top_left)  # what the ValueError prevents
+
+
+def test_train_py_is_a_plain_torchrun_script(lesson):
+    """train.py ends its group on every path (destroy in a finally, a barrier only after
+    success), imports the kit only when the kit launched it, and documents the GPU and
+    multi-node launches in its --help (the lesson ran its cells: `arguments` is theirs)."""
+    text = TRAIN_PY.read_text()
+    main = text[text.index("def main():"):]
+    assert main.index("dist.barrier()") < main.index("finally:") < main.index("dist.destroy_process_group()")
+    assert text.count("from multirank import") == 1
+    guard = text.index('if os.environ.get("COURSE_LAUNCHER_PID")')
+    assert guard < text.index("from multirank import watch_launcher")
+    assert '"nccl"' in text and 'os.environ["LOCAL_RANK"]' in text
+    usage = lesson.ns["arguments"]().format_help()
+    for needle in ("--rdzv-backend=c10d", "--rdzv-endpoint=HOST:29500", "srun", "--nproc-per-node=N",
+                   "(unverified on a GPU, on several machines and under SLURM)"):
+        assert needle in usage, needle
+    # every command restarts (--max-restarts), so every torchrun starts with the variable
+    assert usage.count("torchrun --") == usage.count("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --") == 4
+    assert usage.count("--max-restarts=") == 4
+    assert "'TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun" in usage  # SLURM: inside bash -c
+    # section 6: the timeout is a minute, gloo's default 30 minutes
+    from torch.distributed.constants import default_pg_timeout
+    assert lesson.ns["arguments"]().parse_args(["unused"]).timeout_s == 60.0
+    assert default_pg_timeout.total_seconds() == 30 * 60
+
+
+def test_train_py_refuses_a_batch_the_ranks_cannot_split(lesson, monkeypatch):
+    """main refuses --batch 63 on 2 ranks before it joins a group (in-process: nothing
+    launched), instead of dropping the rows that batch // world leaves over."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(sys, "argv", ["train.py", "unused", "--batch", "63"])
+    with pytest.raises(SystemExit, match="--batch 63 is not a multiple of the 2 ranks"):
+        lesson.ns["main"]()
+
+
+def test_train_py_bf16_on_cpu():
+    """--precision bf16 (what `auto` picks on a GPU) trains on the CPU too: the blocks' policy
+    has no output_dtype, so no float32 block output meets the root's bf16 norm (with
+    output_dtype on every unit it raised "mixed dtype (CPU)"). One rank, 3 steps, a save."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = launch(TRAIN_PY, [tmp, "--device", "cpu", "--precision", "bf16", "--steps", "3", "--every", "2"],
+                     nproc=1, timeout=120)
+        assert run.ok, run.describe()
+        out = run.out[0].splitlines()
+        losses = [float(line.split(" loss ")[1]) for line in out if " loss " in line]
+        assert len(losses) == 3 and all(math.isfinite(v) for v in losses), run.describe()
+        assert "rank 0: saved step_2" in out and (Path(tmp) / "step_2" / ".metadata").is_file()
+    assert running(TRAIN_PY) == []
+
+
+def gpu_drill(tmp, nproc, record_property):
+    """The lesson's drill on GPUs: NCCL, bf16, rank 0 killed after step 15, one restart."""
+    with kill_when(Path(tmp) / "paused.rank0") as killed:
+        run = launch(TRAIN_PY, [tmp, "--device", "cuda", "--steps", "20", "--every", "10", "--stop-at", "15",
+                                "--compare"], nproc=nproc, restarts=1, timeout=300)
+    assert run.ok and run.attempts == [0, 1] and len(killed) == 1, run.describe()
+    out = run.out[0].splitlines()
+    assert "rank 0: resumed from step_10: next step 11" in out, run.describe()
+    bitwise = out[-1] == "rank 0: final parameters bitwise equal to the uninterrupted run: True"
+    record_property(f"capstone train.py, {nproc} GPU(s), NCCL, bf16: resumed run bitwise equal", bitwise)
+    losses = [float(line.split(" loss ")[1]) for line in out if " loss " in line]
+    assert losses and all(math.isfinite(v) for v in losses)
+
+
+@pytest.mark.cuda
+def test_train_py_on_one_gpu(record_property):
+    with tempfile.TemporaryDirectory() as tmp:
+        gpu_drill(tmp, 1, record_property)
+
+
+@pytest.mark.multigpu
+def test_train_py_on_two_gpus(record_property):
+    with tempfile.TemporaryDirectory() as tmp:
+        gpu_drill(tmp, 2, record_property)
+
+
 # ----------------------------------------------------------------------------------------
 # Exercises
 
@@ -196,6 +308,7 @@ def test_figure_plots_the_stages(lesson):
 def test_lr_at(exercise_module):
     f = exercise_module.lr_at
     assert f(1, 100, 1e-3, 10) == pytest.approx(1e-4)  # warm-up starts at peak / warmup
+    assert f(1, 100, 1e-3, 10, floor=1e-5) == pytest.approx(1e-4)  # ... from 0, whatever the floor
     assert f(5, 100, 1e-3, 10) == pytest.approx(5e-4)
     assert f(10, 100, 1e-3, 10) == pytest.approx(1e-3)  # the peak at the warm-up's last step
     assert f(11, 100, 1e-3, 10) == pytest.approx(1e-3 * (1 + math.cos(math.pi / 90)) / 2)
@@ -213,6 +326,58 @@ def test_lr_at(exercise_module):
         assert opt.param_groups[0]["lr"] == pytest.approx(f(step, 50, 2.0, 8))
         opt.step()
         sched.step()
+
+
+def _lr_from_floor(step, total, peak, warmup, floor=0.0):  # wrong: the warm-up starts at the floor
+    if step <= warmup:
+        return floor + (peak - floor) * step / warmup
+    return _right_lr(step, total, peak, warmup, floor)
+
+
+def _lr_progress_from_0(step, total, peak, warmup, floor=0.0):  # wrong: no warm-up in the decay
+    if step <= warmup:
+        return peak * step / warmup
+    return floor + (peak - floor) * (1 + math.cos(math.pi * step / total)) / 2
+
+
+def _right_lr(step, total, peak, warmup, floor=0.0):
+    if step <= warmup:
+        return peak * step / warmup
+    return floor + (peak - floor) * (1 + math.cos(math.pi * (step - warmup) / (total - warmup))) / 2
+
+
+def _wrong_shufflers():
+    """The solution's Shuffler, each with one mistake in its state (a reviewer's variants)."""
+    right = import_file(HERE / "solutions.py").Shuffler
+
+    class NoPos(right):  # the position in the epoch is lost
+        def state_dict(self):
+            return {**super().state_dict(), "pos": 0}
+
+    class NoGenerator(right):  # later epochs come from the new object's own seed
+        def load_state_dict(self, sd):
+            self.order, self.pos = sd["order"].clone(), int(sd["pos"])
+
+    class RedrawnOrder(right):  # this epoch's order drawn again instead of restored
+        def load_state_dict(self, sd):
+            self.gen.set_state(sd["gen"])
+            self.order, self.pos = torch.randperm(self.n, generator=self.gen), int(sd["pos"])
+
+    return {"no-pos": NoPos, "no-generator": NoGenerator, "redrawn-order": RedrawnOrder}
+
+
+@pytest.mark.parametrize("wrong", [_lr_from_floor, _lr_progress_from_0], ids=["warm-up-from-floor", "progress-from-0"])
+def test_exercise_a_cases_catch_wrong_answers(wrong):
+    """test_lr_at rejects the wrong schedules a reviewer wrote, and accepts a right one."""
+    with pytest.raises(AssertionError):
+        test_lr_at(SimpleNamespace(lr_at=wrong))
+    test_lr_at(SimpleNamespace(lr_at=_right_lr))
+
+
+@pytest.mark.parametrize("name", ["no-pos", "no-generator", "redrawn-order"])
+def test_exercise_b_cases_catch_wrong_answers(name):
+    with pytest.raises(AssertionError):
+        test_shuffler_state_in_process(SimpleNamespace(Shuffler=_wrong_shufflers()[name]))
 
 
 def draws(shuffler, k):
@@ -239,13 +404,13 @@ def test_shuffler_state_through_the_drill(exercise_module):
     with tempfile.TemporaryDirectory() as tmp, kill_when(Path(tmp) / "paused.rank1") as killed:
         # 2000 rows / 64 = 31 batches an epoch: the kill after step 34 resumes from step_33,
         # in the second epoch
-        run = launch(WORKER, ["drill", tmp, "--steps", "36", "--every", "11", "--stop-at", "34",
-                              "--shuffler", exercise_module.__file__], restarts=1, timeout=180)
+        run = launch(TRAIN_PY, [tmp, "--device", "cpu", "--steps", "36", "--every", "11", "--stop-at", "34",
+                                "--compare", "--shuffler", exercise_module.__file__], restarts=1, timeout=180)
     assert run.ok and run.attempts == [0, 1] and len(killed) == 1, run.describe()
     out = run.out[0].splitlines()
     assert "rank 0: resumed from step_33: next step 34" in out, run.describe()
     assert out[-1] == "rank 0: final parameters bitwise equal to the uninterrupted run: True", run.describe()
-    assert running(WORKER) == []
+    assert running(TRAIN_PY) == []
 
 
 # ----------------------------------------------------------------------------------------
