@@ -14,8 +14,8 @@ def local_weight(w, rank, world, style):
 
 def one_f_one_b(p, m):
     """1F1B's action order for each of p stages and m micro-batches: a list of p lists of
-    strings "F<i>" / "B<i>" (stage 0 first). Stage s runs p - 1 - s forwards as a warm-up,
-    then alternates one forward and one backward, then drains the remaining backwards."""
+    strings "F<i>" / "B<i>" (stage 0 first). Stage s runs p - 1 - s forwards as a warm-up
+    (all m if m is smaller), then alternates one forward and one backward, then drains the remaining backwards."""
     raise NotImplementedError
 
 

@@ -13,8 +13,8 @@
 # - how `parallelize_module` with `ColwiseParallel` then `RowwiseParallel` splits a 2-layer
 #   MLP, why "colwise" shards dim 0 of `nn.Linear.weight` (stored as [out, in]), and that the
 #   split MLP equals the whole one (outputs, gradients, one AdamW step) in float64;
-# - where TP communicates: one all-reduce in forward, one in backward, none inside the
-#   sharded matmuls; why the pairing the other way round fails with the default layouts,
+# - where TP communicates: one all-reduce in forward, one in backward when the input needs
+#   a gradient, none inside the sharded matmuls; why the pairing the other way round fails with the default layouts,
 #   and what it costs once its layouts are given;
 # - `torch.distributed.pipelining`: 2 stages, 4 micro-batches, `ScheduleGPipe` and
 #   `Schedule1F1B`, equal to the full batch; the order each rank really runs; what
@@ -24,18 +24,20 @@
 # - several stages per rank: `ScheduleInterleaved1F1B` and `ScheduleLoopedBFS`, their orders
 #   pinned on 2.13.0.
 #
-# **Prerequisites:** lesson 09 (process groups, DeviceMesh, DTensor placements, the launcher
-# and worker pattern) and lessons 03a–03b (autograd).
+# **Prerequisites:** lesson 09 (process groups, DeviceMesh, DTensor placements, the launcher,
+# `#@worker` cells) and lessons 03a–03b (autograd).
 #
 # **How to run:** `python lessons/10_tensor_and_pipeline_parallel/tensor_and_pipeline_parallel.py`
 # or `make lesson N=10` from the repository root, or open `tensor_and_pipeline_parallel.ipynb`.
-# It makes one 2-rank launch of `worker.py` (about 10 s on this 2-core CPU, gloo backend,
-# 3 s of it a deliberate timeout) through the course's multi-rank kit, `lessons/multirank.py`
-# (lesson 09 explains it). By hand, each rank's output then interleaved:
+# It makes one 2-rank launch of `worker.py` (gloo backend; section 1's launch cell prints
+# how long it took, 3 s of it a deliberate timeout) through the course's multi-rank kit,
+# `lessons/multirank.py` (lesson 09 explains it). As in lesson 09, the code each rank runs
+# is in the lesson's `#@worker` cells, which `worker.py` copies. By hand, each rank's
+# output then interleaved:
 # `torchrun --standalone --nproc-per-node=2 lessons/10_tensor_and_pipeline_parallel/worker.py all`
-# (`tp` or `pp` for one half; add `--backend nccl` on a machine with 2 GPUs). Each printing
-# cell is followed by an *Output* block: what it printed with the pinned PyTorch (2.13.0),
-# checked by `make test`.
+# (`tp` or `pp` for one half; on a machine with 2 GPUs add `--backend nccl`, unverified on a
+# GPU). Each printing cell is followed by an *Output* block: what it printed with the pinned
+# PyTorch (2.13.0).
 
 # %%
 import sys
@@ -44,13 +46,63 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
+# ruff: noqa: E402 - the imports below and the rank code's (#@worker cells) follow this set-up
 torch.manual_seed(0)
-torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1): 2 cores
+torch.set_num_threads(1)  # the ranks get one thread each too (OMP_NUM_THREADS=1)
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 sys.path.insert(0, str(HERE.parent))  # lessons/: the course's multi-rank kit (lesson 09)
-from multirank import launch, section, show  # noqa: E402
+from multirank import launch, section, show
 
 WORKER = HERE / "worker.py"
+
+
+# %% [markdown]
+# The rank code starts with its imports: the DTensor and tensor-parallel API of lesson 09,
+# `torch.distributed.pipelining`, and the kit's printing helpers (`say` prints a line as
+# `rank N: ...`, `shared` a line that rank 0 prints for both, `heading` starts a section).
+# Three small helpers of its own format what the ranks print: `gap` (the largest difference
+# of two tensors), `below` (a gap against its bound) and `comms` (collectives counted).
+
+# %%
+#@worker
+import datetime
+import logging
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                         ScheduleInterleaved1F1B, ScheduleLoopedBFS)
+from torch.distributed.pipelining.schedules import _ComputationType
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from multirank import heading, say, serve, shared
+
+# %%
+#@worker
+ROUNDING = 1e-15  # float64 gaps this small are rounding: the order of additions, not the math
+
+
+def gap(a, b):
+    """Largest absolute difference: DTensors are gathered to full tensors first."""
+    full = lambda t: t.full_tensor() if isinstance(t, DTensor) else t  # noqa: E731
+    return (full(a) - full(b)).abs().max().item()
+
+
+def below(value, bound=ROUNDING):
+    """A gap and whether it is below its bound, e.g. '3.5e-17, below 1e-15: True'."""
+    return f"{value:.1e}, below {bound:.0e}: {value < bound}"
+
+
+def comms(counts):
+    """CommDebugMode's counts as text: 'all_reduce x1', or 'none' when nothing was sent."""
+    text = ", ".join(f"{str(op).split('.')[-1]} x{n}" for op, n in counts.items())
+    return text or "none"
 
 
 # %% [markdown]
@@ -71,11 +123,88 @@ WORKER = HERE / "worker.py"
 # `W.T` is split by columns (colwise) or rows (rowwise). But `nn.Linear` stores `W` as
 # **[out, in]**, so the columns of `W.T` are the *rows* of the stored weight.
 #
-# The worker's MLP is `Linear(6, 8)` → tanh → `Linear(8, 6)` in float64, with the same
-# seed on both ranks, split over a 1-D mesh of 2 (`tp`).
-#
+# The MLP is `Linear(6, 8)` → tanh → `Linear(8, 6)` in float64. Each rank builds it twice
+# from the same seed, leaves one copy whole as the reference and splits the other over a 1-D
+# mesh of 2 (`tp`) with the plan:
+
+# %%
+#@worker
+class MLP(nn.Module):
+    def __init__(self, dim=6, hidden=8):
+        super().__init__()
+        self.up = nn.Linear(dim, hidden)  # weight (hidden, dim): [out, in]
+        self.down = nn.Linear(hidden, dim)  # weight (dim, hidden)
+
+    def forward(self, x):  # (B, dim)
+        return self.down(torch.tanh(self.up(x)))  # (B, dim)
+
+
+PLAN = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+
+
+def tp_models(mesh, device, plan=PLAN):
+    """The same float64 MLP twice on every rank: one left whole, one split over the mesh."""
+    torch.manual_seed(0)  # same weights and data on both ranks
+    ref = MLP().double().to(device)
+    tp = MLP().double().to(device)
+    tp.load_state_dict(ref.state_dict())
+    parallelize_module(tp, mesh, plan)  # in place: parameters become DTensors, hooks added
+    return ref, tp
+
+
+# %% [markdown]
+# The worker's `main` names the parts you can launch. `serve` (lesson 09) joins the process
+# group, runs the part named on the command line with the rank's device, and ends the group
+# on every path. The lesson launches `all`: tensor parallelism (sections 1 and 2), then the
+# pipeline (sections 3 to 5), one function per section, each shown in its section.
+
+# %%
+#@worker
+def run_tp(device):
+    mesh = init_device_mesh(device.type, (2,), mesh_dim_names=("tp",))
+    ref, tp = tp_models(mesh, device)
+    show_shapes(ref, tp)
+    x, fwd, bwd = show_equal(ref, tp, device)
+    show_comms(tp, x, fwd, bwd)
+    show_swapped(mesh, device)
+    return 0
+
+
+def run_pp(device):
+    show_schedules(device)
+    show_scale_grads(device)
+    show_virtual(device)
+    show_unequal()
+    return 0
+
+
+def run_all(device):
+    return max(run_tp(device), run_pp(device))
+
+
+def main():
+    serve({"tp": run_tp, "pp": run_pp, "all": run_all})
+
+
+# %% [markdown]
 # **Predict.** What global and local shape does each rank's `up.weight` have, and along
 # which dim of the stored tensor is it sharded? And `down.weight`, `down.bias`?
+
+# %%
+#@worker
+def show_shapes(ref, tp):
+    heading("tp shapes")
+    shared(f"nn.Linear(6, 8).weight shape {list(ref.up.weight.shape)}: [out, in]")
+    for name in ("up", "down"):
+        for p in ("weight", "bias"):
+            d = getattr(getattr(tp, name), p)  # a DTensor
+            say(f"{name}.{p}: global {list(d.shape)} {d.placements[0]}, local {list(d.to_local().shape)}")
+    r = dist.get_rank()
+    rows = torch.equal(tp.up.weight.to_local(), ref.up.weight[4 * r : 4 * r + 4])
+    cols = torch.equal(tp.down.weight.to_local(), ref.down.weight[:, 4 * r : 4 * r + 4])
+    say(f"up.weight local == full rows {4 * r}:{4 * r + 4}: {rows}; "
+        f"down.weight local == full columns {4 * r}:{4 * r + 4}: {cols}")
+
 
 # %%
 run = launch(WORKER, ["all"])
@@ -106,11 +235,42 @@ show(run, "tp shapes")
 # replicated: it must be added once to the *sum* of the partials, not once per rank, and
 # DTensor's rules for the sharded `linear` see to it (the outputs below match). The
 # parameters are DTensors: the global shape is the layer's, the local one is half of it for
-# the sharded ones and all of it for the replicated bias (the whole run took a few seconds,
-# mostly starting two processes; the time varies with the machine's load).
+# the sharded ones and all of it for the replicated bias.
 #
 # **Predict.** Same input on both ranks, same weights. Is the TP output *bitwise* equal to
 # the unsharded MLP's? The gradients? And after one AdamW step on each?
+
+# %%
+#@worker
+def tp_step(model, x, y):
+    """Forward, loss, backward: returns output and loss, counting collectives in each pass."""
+    with CommDebugMode() as fwd:
+        out = model(x)  # (B, dim)
+        loss = (out - y).pow(2).mean()
+    with CommDebugMode() as bwd:
+        loss.backward()
+    return out, loss, fwd.get_comm_counts(), bwd.get_comm_counts()
+
+
+def show_equal(ref, tp, device):
+    heading("tp equal")
+    x = torch.randn(5, 6, dtype=torch.float64, device=device)  # (B, dim): same on both ranks
+    y = torch.randn(5, 6, dtype=torch.float64, device=device)
+    x_ref, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()  # as if from a layer below
+    out_ref, loss_ref, _, _ = tp_step(ref, x_ref, y)
+    out_tp, loss_tp, fwd, bwd = tp_step(tp, x_tp, y)
+    shared(f"output: a DTensor? {isinstance(out_tp, DTensor)}, shape {list(out_tp.shape)}")
+    shared(f"output max gap {below(gap(out_tp, out_ref))}")
+    shared(f"loss gap {below(gap(loss_tp, loss_ref))}")
+    shared(f"grad x           max gap {below(gap(x_tp.grad, x_ref.grad))}")
+    for name, p in ref.named_parameters():
+        shared(f"grad {name:11s} max gap {below(gap(tp.get_parameter(name).grad, p.grad))}")
+    for model in (ref, tp):  # the optimizer takes DTensor parameters as they are
+        torch.optim.AdamW(model.parameters(), lr=0.01).step()
+    worst = max(gap(tp.get_parameter(n), p) for n, p in ref.named_parameters())
+    shared(f"after one AdamW step: max parameter gap {below(worst)}")
+    return x, fwd, bwd
+
 
 # %%
 show(run, "tp equal")
@@ -130,10 +290,9 @@ show(run, "tp equal")
 # ```
 #
 # Equal to rounding: every gap is below 1e-15, under float64's spacing near 1 (2.2e-16)
-# times a few. The gaps themselves are a few 1e-17 on the machines we tried, and some are
-# exactly 0 on some of them: which last bits differ depends on the CPU's vector
-# instructions (AVX-512, AVX2 or none change how a dot product groups its additions), so
-# the lesson prints each gap but documents only its bound. The output of `down` is a plain
+# times a few. The gaps themselves are a few 1e-17 or exactly 0: which last bits differ
+# depends on the CPU's vector instructions (AVX-512, AVX2 or none change how a dot product
+# groups its additions), so compare each gap with its bound. The output of `down` is a plain
 # tensor on every rank (`RowwiseParallel`'s default is a replicated output converted back
 # to a local tensor), so the loss code needs no change. The gaps come from the order of
 # additions: the full MLP sums 8 products per output element in one go, the TP MLP sums 4
@@ -146,7 +305,23 @@ show(run, "tp equal")
 #
 # **Predict.** How many collectives does the TP MLP run in forward, and in backward? Which
 # placement change causes each? And the matmul of `x` with one rank's local slice of
-# `up.weight`?
+# `up.weight`? (`CommDebugMode`, lesson 09, counted them in `tp_step` above.)
+
+# %%
+#@worker
+def show_comms(tp, x, fwd, bwd):
+    heading("tp comms")
+    shared(f"forward ran: {comms(fwd)}")
+    shared(f"backward ran: {comms(bwd)}")
+    with warnings.catch_warnings():  # a backward hook warns that no input needs a gradient
+        warnings.simplefilter("ignore", UserWarning)
+        *_, fwd0, bwd0 = tp_step(tp, x, torch.zeros_like(x))  # x.requires_grad False
+    shared(f"x needs no gradient: forward ran {comms(fwd0)}, backward ran {comms(bwd0)}")
+    w = tp.up.weight.to_local()  # the sharded matmul itself: local tensors only
+    with CommDebugMode() as inner:
+        torch.nn.functional.linear(x, w)
+    shared(f"a rank's own matmul x @ up.weight_local.T ran: {comms(inner.get_comm_counts())}")
+
 
 # %%
 show(run, "tp comms")
@@ -156,6 +331,7 @@ show(run, "tp comms")
 # ```text
 # rank 0: forward ran: all_reduce x1
 # rank 0: backward ran: all_reduce x1
+# rank 0: x needs no gradient: forward ran all_reduce x1, backward ran none
 # rank 0: a rank's own matmul x @ up.weight_local.T ran: none
 # ```
 #
@@ -163,15 +339,60 @@ show(run, "tp comms")
 # the `Partial` output of the row-sharded `down` being made `Replicate`. In backward it is
 # the mirror image at the other end: the gradient of `x` (the layer's replicated input)
 # comes back from `up` as a partial sum over each rank's hidden units, and must be summed
-# before it flows further down. The matmuls themselves send nothing: each rank multiplies
+# before it flows further down. So it exists only when `x` needs a gradient, as it does when
+# a layer sits below the MLP: for a first layer, whose input needs none, the same step runs
+# no backward collective (the weight gradients are each rank's own slices). The matmuls themselves send nothing: each rank multiplies
 # its own slice. That is the point of pairing colwise with rowwise: the sharded hidden
 # activation (8 units, 4 per rank) never travels, and a whole MLP costs two all-reduces of
 # a `(B, 6)` tensor. The price of TP is that these all-reduces sit *on the critical path*
 # of every layer, which is why TP is kept within a node, on the fastest links.
 #
 # **Predict.** Pair them the other way round: `{"up": RowwiseParallel(), "down":
-# ColwiseParallel()}`, same input `x` (5, 6) on both ranks. Does it run? If not, what would
-# make it run, and what would it cost?
+# ColwiseParallel()}`, same input `x` (5, 6) on both ranks. Does it run with the styles'
+# default layouts? The rank code tries the defaults first, then a plan that tells each layer
+# the layout it really receives and returns (`SWAPPED_FIXED`): what will that version cost
+# in collectives, against section 1's pairing?
+
+# %%
+#@worker
+SWAPPED = {"up": RowwiseParallel(), "down": ColwiseParallel()}  # default layouts
+SWAPPED_FIXED = {"up": RowwiseParallel(input_layouts=Replicate()),  # x arrives whole
+                 "down": ColwiseParallel(output_layouts=Replicate())}  # gather the output
+
+
+def swapped_defaults(mesh, device, x):
+    _, tp = tp_models(mesh, device, SWAPPED)
+    shared(f"defaults: up.weight {tp.up.weight.placements[0]}, down.weight {tp.down.weight.placements[0]}")
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")  # it logs the error it re-raises
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        tp(x)
+        shared("defaults: forward ran")
+    except RuntimeError as err:
+        shared(f"defaults: {type(err).__name__}: {str(err).splitlines()[0]}")
+    finally:
+        quiet.setLevel(logging.NOTSET)
+
+
+def show_swapped(mesh, device):
+    heading("tp swapped")
+    torch.manual_seed(3)
+    x = torch.randn(5, 6, dtype=torch.float64, device=device)  # (B, dim)
+    y = torch.randn(5, 6, dtype=torch.float64, device=device)
+    swapped_defaults(mesh, device, x)
+    ref, tp = tp_models(mesh, device, SWAPPED_FIXED)
+    x_ref, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_ref, _, _, _ = tp_step(ref, x_ref, y)
+    hidden = []
+    tp.up.register_forward_hook(lambda mod, args, out: hidden.append(list(out.shape)))
+    out_tp, _, fwd, bwd = tp_step(tp, x_tp, y)
+    shared(f"up's output on each rank: a plain tensor {hidden[0]} (all 8 hidden units)")
+    shared(f"input Replicate, output Replicate: output max gap {below(gap(out_tp, out_ref))}")
+    worst = max(gap(tp.get_parameter(n).grad, p.grad) for n, p in ref.named_parameters())
+    shared(f"input Replicate, output Replicate: grads max gap {below(max(worst, gap(x_tp.grad, x_ref.grad)))}")
+    shared(f"forward ran: {comms(fwd)}")
+    shared(f"backward ran: {comms(bwd)}")
+
 
 # %%
 show(run, "tp swapped")
@@ -209,17 +430,128 @@ show(run, "tp swapped")
 # 0–3 (two linears with their tanh) on rank 0 as stage 0, layers 4–6 on rank 1 as stage 1.
 # Stage 0 sends activations forward, stage 1 sends their gradients back (point-to-point
 # `send`/`recv`, not collectives). To keep both ranks busy, the batch of 8 is cut into 4
-# *micro-batches* of 2 that flow through one after another. The worker wraps each stage's
-# module in `PipelineStage(module, stage_index, 2, device)` and hands it to a schedule,
-# `ScheduleGPipe(stage, n_microbatches=4, loss_fn=...)` or `Schedule1F1B(...)`; stage 0
-# calls `schedule.step(x)`, stage 1 `schedule.step(target=y, losses=losses)`. The worker
-# records the order in which each rank's stage really runs `forward_one_chunk` (F) and
-# `backward_one_chunk` (B), and prints it next to the schedule's own plan: its
-# `pipeline_order` attribute, one action list per rank (with `None` for idle steps, dropped
-# here), which the schedule builds when it is created.
-#
+# *micro-batches* of 2 that flow through one after another. Every rank builds the whole
+# model from one seed, so that it can compare with the one-process result:
+
+# %%
+#@worker
+BATCH, MICRO = 8, 4  # pipeline: 8 samples in 4 micro-batches of 2
+
+
+def pp_model(device):
+    """4 linear layers in float64, same weights on every rank: stage 0 = modules 0-3, stage 1 = 4-6."""
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(),
+                         nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)).double().to(device)
+
+
+def pp_data(device, n=BATCH):
+    torch.manual_seed(2)
+    x = torch.randn(n, 4, dtype=torch.float64, device=device)  # (B, 4)
+    y = torch.randn(n, 4, dtype=torch.float64, device=device)  # (B, 4)
+    return x, y
+
+
+def mean_loss(out, y):
+    return (out - y).pow(2).mean()
+
+
+def reference(loss_fn, device, n=BATCH):
+    """The whole model, the whole batch, one process: loss and this rank's stage's grads."""
+    full = pp_model(device)
+    x, y = pp_data(device, n)
+    loss = loss_fn(full(x), y)
+    loss.backward()
+    layers = list(full.children())
+    mine = layers[:4] if dist.get_rank() == 0 else layers[4:]
+    return loss, [p.grad for p in nn.Sequential(*mine).parameters()]
+
+
+# %% [markdown]
+# Then each rank keeps its own layers, wraps them in a `PipelineStage` (its index among the
+# 2 stages: the rank here) and hands the stage to a schedule, which cuts the batch into
+# micro-batches and runs the sends, receives, forwards and backwards. The first stage's
+# `step` takes the input, the last stage's the target and a list to fill with the
+# micro-batches' losses. To see the order a schedule really runs, `record` wraps the stage's
+# `forward_one_chunk` (F) and `backward_one_chunk` (B); `planned` reads the schedule's own
+# plan, its `pipeline_order` attribute (one action list per rank, `None` for idle steps).
+
+# %%
+#@worker
+SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+
+
+def pp_run(kind, loss_fn, scale_grads, device, n=BATCH, group=None, log=None):
+    """One schedule step on 2 ranks; returns (stage module, losses, actions run, schedule)."""
+    rank = dist.get_rank()
+    layers = list(pp_model(device).children())
+    module = nn.Sequential(*(layers[:4] if rank == 0 else layers[4:]))
+    stage = PipelineStage(module, rank, 2, device, group=group)  # stage `rank` of 2
+    schedule = SCHEDULES[kind](stage, n_microbatches=MICRO, loss_fn=loss_fn, scale_grads=scale_grads)
+    log, losses = [] if log is None else log, []
+    record(stage, log)
+    x, y = pp_data(device, n)
+    if rank == 0:
+        schedule.step(x)  # the first stage takes the input
+    else:
+        schedule.step(target=y, losses=losses)  # the last stage computes the loss
+    return module, losses, log, schedule
+
+
+def record(stage, log, tag=""):
+    """Log the order in which the schedule really calls forward and backward on this stage."""
+    fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+
+    def forward_one_chunk(i, *args, **kwargs):
+        log.append(f"F{i}{tag}")
+        return fwd(i, *args, **kwargs)
+
+    def backward_one_chunk(i, *args, **kwargs):
+        log.append(f"B{i}{tag}")
+        return bwd(i, *args, **kwargs)
+
+    stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+
+
+KINDS_OF = {_ComputationType.FORWARD: "F", _ComputationType.FULL_BACKWARD: "B"}
+
+
+def planned(schedule, rank):
+    """The schedule's own action list for this rank, as F<i>/B<i> (idle steps dropped)."""
+    return [f"{KINDS_OF[a.computation_type]}{a.microbatch_index}" for a in schedule.pipeline_order[rank]
+            if a is not None and a.computation_type in KINDS_OF]
+
+
+def in_flight(order):
+    """Most micro-batches whose activations are held at once: forwards not yet backwarded."""
+    held = peak = 0
+    for action in order:
+        held += 1 if action[0] == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+# %% [markdown]
 # **Predict.** In what order does each rank run its 4 forwards and 4 backwards under GPipe,
 # and under 1F1B? Are the loss and gradients those of the full batch in one process?
+
+# %%
+#@worker
+def show_schedules(device):
+    heading("pp schedules")
+    ref_loss, ref_grads = reference(mean_loss, device)
+    shared(f"batch {BATCH} in {MICRO} micro-batches; reference loss {ref_loss.item():.6f}")
+    for kind in SCHEDULES:
+        module, losses, log, schedule = pp_run(kind, mean_loss, True, device)
+        say(f"{kind}: ran     {' '.join(log)}")
+        say(f"{kind}: planned {' '.join(planned(schedule, dist.get_rank()))}")
+        say(f"{kind}: most micro-batches in flight {in_flight(log)}")
+        if losses:  # the last stage: one loss per micro-batch
+            mean = torch.stack(losses).mean()
+            say(f"{kind}: {len(losses)} micro-batch losses, mean {mean.item():.6f}, gap {below(gap(mean, ref_loss))}")
+        worst = max(gap(p.grad, g) for p, g in zip(module.parameters(), ref_grads))
+        say(f"{kind}: stage {dist.get_rank()} grads max gap {below(worst)}")
+
 
 # %%
 show(run, "pp schedules")
@@ -250,10 +582,7 @@ show(run, "pp schedules")
 #
 # Both schedules reproduce the full batch: the mean of the 4 micro-batch losses is the
 # full-batch mean loss, and each stage's gradients match the corresponding layers of the
-# one-process model to rounding. (The losses are printed to 6 digits: even the model's
-# random initial weights differ in their last bits between CPUs, because `uniform_` fills a
-# large enough tensor with vectorised code, and without vector instructions the reference
-# loss moved in its 9th digit.)
+# one-process model to rounding.
 # They differ in *order*. GPipe runs all forwards, then
 # all backwards ("fill and drain"): every stage holds the activations of all 4 micro-batches
 # at once. 1F1B ("one forward, one backward") starts a micro-batch's backward as soon as it
@@ -261,16 +590,42 @@ show(run, "pp schedules")
 # alternates from the start. At most 2 and 1 micro-batches are in flight instead of 4:
 # activation memory grows with the number of stages, not with the number of micro-batches.
 #
-# The plan and the run agree except for one line: for the *last* stage of 1F1B,
-# `pipeline_order` in 2.13.0 lists `F1 … F4`, shifted by one and naming a micro-batch 4
-# that does not exist, while the runtime ran `F0 … F3`. The plan only describes the
-# schedule: `ScheduleGPipe` and `Schedule1F1B` run their own hand-written loop over the
-# micro-batches, not this list. So the figure below is drawn from the order the ranks
-# *really ran*, not from the plan.
+# The plan and the run agree except for one line, 1F1B's last stage (see Going further),
+# so the figure below is drawn from the order the ranks *really ran*.
 #
 # **Predict.** `scale_grads=True` (the default) divides each stage's accumulated gradients
 # by the number of micro-batches. With a mean loss per micro-batch, what do you get? If you
-# also divide the loss by 4 yourself? With a sum loss?
+# also divide the loss by 4 yourself? With a sum loss? Each case below runs GPipe with one
+# loss function and compares the gradients with the full batch's:
+
+# %%
+#@worker
+def sum_loss(out, y):
+    return (out - y).pow(2).sum()
+
+
+def quarter_loss(out, y):  # "I split the batch in 4, so I divide by 4" (scale_grads does it too)
+    return mean_loss(out, y) / MICRO
+
+
+def grad_ratio(module, ref_grads):
+    """Pipeline grad / reference grad, elementwise: its (min, max) over all parameters."""
+    r = torch.cat([(p.grad / g).flatten() for p, g in zip(module.parameters(), ref_grads)])
+    return r.min().item(), r.max().item()
+
+
+def show_scale_grads(device):
+    heading("scale_grads")
+    cases = [("mean loss, scale_grads=True", mean_loss, True, mean_loss),
+             ("mean loss / 4, scale_grads=True", quarter_loss, True, mean_loss),
+             ("sum loss, scale_grads=True", sum_loss, True, sum_loss),
+             ("sum loss, scale_grads=False", sum_loss, False, sum_loss)]
+    for label, loss_fn, scale, ref_fn in cases:
+        _, ref_grads = reference(ref_fn, device)
+        module, _, _, _ = pp_run("GPipe", loss_fn, scale, device)
+        low, high = grad_ratio(module, ref_grads)
+        say(f"{label}: grad / full-batch {ref_fn.__name__} grad in [{low:.6f}, {high:.6f}]")
+
 
 # %%
 show(run, "scale_grads")
@@ -300,7 +655,43 @@ show(run, "scale_grads")
 #
 # **Predict.** 10 samples into 4 micro-batches: `torch.tensor_split` gives sizes 3, 3, 2,
 # 2. Does the schedule weight them (a mean of means would be wrong), or fail? If it fails,
-# does every rank find out, and how fast?
+# does every rank find out, and how fast? The stages of this run get a process group of
+# their own, with a 3 s timeout (`PipelineStage(..., group=group)` in `pp_run`):
+
+# %%
+#@worker
+SHORT = datetime.timedelta(seconds=3)  # the unequal micro-batch demo's group
+
+
+def show_unequal():
+    heading("unequal")
+    shared(f"batch 10 into {MICRO} micro-batches: torch.tensor_split sizes "
+           f"{[len(c) for c in torch.tensor_split(torch.arange(10), MICRO)]}")
+    group = dist.new_group(backend="gloo", timeout=SHORT)  # the stages' sends and receives
+    log, start = [], time.perf_counter()
+    try:  # on CPU whatever the backend: gloo raises at its timeout (unverified for NCCL's watchdog)
+        pp_run("GPipe", mean_loss, True, torch.device("cpu"), n=10, group=group, log=log)
+    except Exception as err:  # noqa: BLE001 - what 2.13.0 raises is the point
+        seconds = time.perf_counter() - start
+        say(f"ran {' '.join(log)}, then raised {type(err).__name__} after {seconds:.1f} s")
+        if dist.get_rank() == 1:  # rank 0's message varies (a timeout or a closed connection)
+            say(f"  {str(err).splitlines()[0]}")
+    else:
+        say(f"ran {' '.join(log)}, no error")
+    short_recv()
+
+
+def short_recv():
+    """What stage 1's receive of micro-batch 2 did: 2 rows sent into a buffer of 3."""
+    group = dist.new_group(backend="gloo")  # a fresh one: the timed-out group is done
+    buf = torch.full((3, 4), -7.0, dtype=torch.float64)
+    if dist.get_rank() == 0:
+        dist.send(torch.ones(2, 4, dtype=torch.float64), 1, group=group)
+    else:
+        dist.recv(buf, 0, group=group)
+        filled, kept = int((buf == 1).all(1).sum()), bool((buf[2] == -7).all())
+        say(f"recv of [2, 4] into a [3, 4] buffer: no error, {filled} rows filled, row 3 kept: {kept}")
+
 
 # %%
 show(run, "unequal")
@@ -312,18 +703,21 @@ show(run, "unequal")
 # rank 0: ran F0 F1 F2 F3, then raised RuntimeError after «time» s
 # rank 1: ran F0 F1 F2, then raised RuntimeError after «time» s
 # rank 1:   The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 0
+# rank 1: recv of [2, 4] into a [3, 4] buffer: no error, 2 rows filled, row 3 kept: True
 # ```
 #
 # It fails, and not in the same way on both ranks. Stage 1 allocates its receive buffers
 # from the shapes of the first micro-batch (3 samples); micro-batch 2 has 2, so its loss
-# compares a 3-row output with a 2-row target and raises at once. Stage 0 knows nothing of
+# compares a 3-row output with a 2-row target and raises at once. The receive itself checks
+# nothing: the last line sends 2 rows into a 3-row buffer directly, and gloo fills 2 rows
+# without an error, leaving the third as it was (in the pipeline, whatever its buffer held).
+# Stage 0 knows nothing of
 # that: it has sent its 4 forwards and waits for a gradient that will never come, until the
 # timeout of the process group its stage uses. With the kit's default group timeout (60 s,
-# lesson 09; gloo's own default is 30 minutes) that is a long silent wait; the worker gives this demo's stages a
-# group of their own, `dist.new_group(backend="gloo", timeout=3 s)`, passed as
-# `PipelineStage(..., group=group)`, so rank 0 raises after about 3 s (timings vary with
-# load) and both ranks go on to the worker's normal teardown: the launch still ends with
-# exit code 0, because the worker catches this expected error. Make the batch divisible by
+# lesson 09; gloo's own default is 30 minutes) that is a long silent wait; with this demo's
+# group of its own, rank 0 raises after about 3 s (timings vary with load) and both ranks go
+# on to the normal teardown: the launch still ends with exit code 0, because
+# `show_unequal` catches this expected error. Make the batch divisible by
 # the number of micro-batches (drop or pad the remainder); if you must mix sizes, the
 # weighting (a sum loss divided by the true sample count) is yours to write.
 #
@@ -466,23 +860,60 @@ fig.savefig(HERE / "schedules.png")
 # bottom panel is the bubble for 1 to 16 micro-batches from the simulator (both schedules,
 # on the same points) against (p−1)/(m+p−1): with 1 micro-batch, half the time is idle; with
 # 16, one step in 17. The simulator idealises: real forward and backward times vary, and the
-# sends take time too; it measures the structure of the schedule, not this machine.
+# sends take time too; it measures the structure of the schedule, not any hardware.
 
 # %% [markdown]
 # ## 5. More stages than ranks: interleaved 1F1B and looped BFS
 #
 # PyTorch's documentation marks `torch.distributed.pipelining` (migrated from the PiPPy
-# project) as *alpha*: its schedules and their plans may change from one release to the
-# next. So this course pins them: the test asserts every order printed here on 2.13.0, and
-# an upgrade that changes one fails it. Two more schedules give each rank *several* stages
-# ("virtual stages"): the same 7 modules cut into 4 stages, rank 0 holding stages 0 and 2,
-# rank 1 stages 1 and 3, so a micro-batch goes 0 → 1 → 0 → 1 across the ranks. Each takes a
-# *list* of the rank's stages. Actions are written `F<micro-batch>s<stage>`.
+# project) as *alpha* (read from the `torch.distributed.pipelining` page in References): its schedules and their plans may change from one release to the
+# next: read the orders printed here as those of 2.13.0. Two more schedules give each rank
+# *several* stages ("virtual stages"): the same 7 modules cut into 4 stages, rank 0 holding
+# stages 0 and 2, rank 1 stages 1 and 3, so a micro-batch goes 0 → 1 → 0 → 1 across the
+# ranks. Each takes a *list* of the rank's stages. Actions are written
+# `F<micro-batch>s<stage>`.
 #
 # **Predict.** `ScheduleInterleaved1F1B` prefers the earliest micro-batch ("depth first"),
 # `ScheduleLoopedBFS` the earliest stage ("breadth first"). In what order does rank 0 run
 # its 16 actions under each, and how many (micro-batch, stage) activations does it hold at
 # most?
+
+# %%
+#@worker
+VIRTUAL = {"Interleaved1F1B": ScheduleInterleaved1F1B, "LoopedBFS": ScheduleLoopedBFS}
+CUTS = [(0, 2), (2, 4), (4, 6), (6, 7)]  # 4 stages of the 7 modules: 2 per rank
+
+
+def virtual_run(kind, device):
+    """Stages r and r + 2 on rank r: the plan, the order really run, the stages' modules."""
+    rank, layers = dist.get_rank(), list(pp_model(device).children())
+    mods = [nn.Sequential(*layers[a:b]) for a, b in CUTS]
+    stages = [PipelineStage(mods[i], i, 4, device) for i in (rank, rank + 2)]
+    schedule = VIRTUAL[kind](stages, n_microbatches=MICRO, loss_fn=mean_loss)  # a list of stages
+    log = []
+    for st in stages:
+        record(st, log, f"s{st.stage_index}")
+    x, y = pp_data(device)
+    schedule.step(x) if rank == 0 else schedule.step(target=y, losses=[])
+    plan = [f"{KINDS_OF[a.computation_type]}{a.microbatch_index}s{a.stage_index}"
+            for a in schedule.pipeline_order[rank] if a is not None]
+    return plan, log, mods
+
+
+def show_virtual(device):
+    heading("pp virtual")
+    rank, full = dist.get_rank(), pp_model(device)
+    mean_loss(full(pp_data(device)[0]), pp_data(device)[1]).backward()  # the one-process grads
+    layers = list(full.children())
+    ref = [p.grad for i in (rank, rank + 2) for p in nn.Sequential(*layers[slice(*CUTS[i])]).parameters()]
+    for kind in VIRTUAL:
+        plan, log, mods = virtual_run(kind, device)
+        say(f"{kind}: ran {' '.join(log)}")
+        say(f"{kind}: ran as planned (pipeline_order): {log == plan}")
+        say(f"{kind}: most activations held at once (micro-batch, stage) {in_flight(log)}")
+        mine = [p for i in (rank, rank + 2) for p in mods[i].parameters()]
+        say(f"{kind}: stages {rank}, {rank + 2} grads max gap {below(max(gap(p.grad, g) for p, g in zip(mine, ref)))}")
+
 
 # %%
 show(run, "pp virtual")
@@ -526,13 +957,12 @@ show(run, "pp virtual")
 # - Tensor parallelism splits each layer: `ColwiseParallel` shards `nn.Linear.weight`
 #   ([out, in]) along dim 0, `RowwiseParallel` along dim 1. Colwise then rowwise gives an
 #   MLP equal to the unsharded one (float64 gaps below 1e-15: the order of additions) in output,
-#   gradients and an AdamW step, with one all-reduce in forward and one in backward, and none
-#   in the matmuls.
+#   gradients and an AdamW step, with one all-reduce in forward, one in backward when the
+#   input needs a gradient (a layer below), and none in the matmuls.
 # - Pipeline parallelism splits the layers into stages and the batch into micro-batches.
 #   GPipe (all forwards, then all backwards) and 1F1B (alternate after a warm-up) give the
 #   full-batch loss and gradients; 1F1B holds at most p micro-batches' activations instead of
-#   m. 1F1B's `pipeline_order` (its plan) is off by one for the last stage in 2.13.0; the
-#   order it runs is right.
+#   m.
 # - `scale_grads=True` divides the accumulated gradients by the number of micro-batches:
 #   right for a mean loss, wrong (×1/4 here) if you also divide the loss, wrong for a sum
 #   loss (use `scale_grads=False`). Micro-batches must have equal sizes: 10 into 4 fails on
@@ -542,7 +972,42 @@ show(run, "pp virtual")
 #   shrink it.
 # - With several stages per rank, interleaved 1F1B (depth first) holds fewer activations
 #   than looped BFS (breadth first); both run their plan as written. Pipelining is alpha in
-#   PyTorch: the test pins every order on 2.13.0.
+#   PyTorch: these orders are those of 2.13.0.
+
+# %% [markdown]
+# ## Going further
+#
+# **A plan that is off by one.** In section 3 the plan and the run agree except for one
+# line: for the *last* stage of 1F1B, `pipeline_order` in 2.13.0 lists `F1 … F4`, shifted
+# by one and naming a micro-batch 4 that does not exist, while the runtime ran `F0 … F3`.
+# The plan only describes the schedule: `ScheduleGPipe` and `Schedule1F1B` run their own
+# hand-written loop over the micro-batches, not this list (Read the source shows both). The
+# multi-stage schedules of section 5 execute their plan action by action, so there plan and
+# run agree. Pipelining is alpha: read such a plan as describing 2.13.0 only, and trust the
+# order you record.
+
+# %% [markdown]
+# ## References
+#
+# - [`torch.distributed.tensor.parallel`](https://docs.pytorch.org/docs/2.13/distributed.tensor.parallel.html):
+#   `parallelize_module`, `ColwiseParallel` and `RowwiseParallel` with their `input_layouts`
+#   and `output_layouts` (sections 1 and 2).
+# - [`CommDebugMode`](https://docs.pytorch.org/docs/2.13/distributed.tensor.html#torch.distributed.tensor.debug.CommDebugMode):
+#   the collective counts of section 2.
+# - [`torch.distributed.pipelining`](https://docs.pytorch.org/docs/2.13/distributed.pipelining.html):
+#   `PipelineStage`, the schedules, `step` and `scale_grads` (sections 3 to 5).
+# - [Megatron-LM (Shoeybi et al., 2019)](https://arxiv.org/abs/1909.08053): the column-then-row
+#   split of an MLP with one all-reduce each way (sections 1 and 2).
+# - [GPipe (Huang et al., 2018)](https://arxiv.org/abs/1811.06965): micro-batches and the
+#   fill-and-drain schedule (sections 3 and 4).
+# - [PipeDream (Harlap et al., 2018)](https://arxiv.org/abs/1806.03377): the one-forward,
+#   one-backward steady state, which 1F1B keeps without PipeDream's asynchronous updates (section 3).
+# - [Efficient large-scale training on GPU clusters (Narayanan et al., 2021)](https://arxiv.org/abs/2104.04473):
+#   interleaved 1F1B, the paper `ScheduleInterleaved1F1B`'s docstring cites (section 5).
+# - [Breadth-first pipeline parallelism (Lamy-Poirier, 2022)](https://arxiv.org/abs/2211.05953):
+#   looped BFS, cited by `ScheduleLoopedBFS`'s docstring (section 5).
+# - [Zero bubble pipeline parallelism (Qi et al., 2024)](https://arxiv.org/abs/2401.10241):
+#   the schedules that split the backward to fill the bubble of section 4.
 
 # %% [markdown]
 # ## Read the source
@@ -554,7 +1019,7 @@ show(run, "pp virtual")
 # into micro-batches, and how a stage sizes its receive buffers.
 
 # %%
-from sourcemap import read_the_source  # noqa: E402  (lessons/ is on sys.path: first cell)
+from sourcemap import read_the_source  # lessons/ is on sys.path: first cell
 
 read_the_source([
     ("torch/distributed/tensor/parallel/style.py", "class ColwiseParallel(",
@@ -569,8 +1034,10 @@ read_the_source([
      "the forward all-reduce of section 2."),
     ("torch/distributed/pipelining/schedules.py", "class Schedule1F1B(",
      "`_step_microbatches` is the loop that ran: `min(n_microbatches, num_stages - stage_index)` "
-     "warm-up forwards (2 on stage 0, 1 on the last stage), backward-forward pairs, the "
-     "remaining backwards, then `perform_reduce_grad(n_microbatches if scale_grads else 1)`. "
+     "forwards before the first backward (2 on stage 0, 1 on the last stage: the p - 1 - s "
+     "warm-up forwards of section 3 and `orders`, plus the first forward of the steady state), "
+     "then backward-forward pairs, the remaining backwards, then "
+     "`perform_reduce_grad(n_microbatches if scale_grads else 1)`. "
      "`_get_pipeline_order` only writes the plan: on the last stage it increments `forward_mb` "
      "before the first forward, hence the plan's F1 to F4."),
     ("torch/distributed/pipelining/microbatch.py", "def split_args_kwargs_into_chunks(",
@@ -604,10 +1071,12 @@ read_the_source([
 #     `Replicate`: the forward all-reduce of section 2.
 # torch/distributed/pipelining/schedules.py:«line»  `class Schedule1F1B(`
 #     `_step_microbatches` is the loop that ran: `min(n_microbatches, num_stages -
-#     stage_index)` warm-up forwards (2 on stage 0, 1 on the last stage), backward-forward
-#     pairs, the remaining backwards, then `perform_reduce_grad(n_microbatches if
-#     scale_grads else 1)`. `_get_pipeline_order` only writes the plan: on the last stage
-#     it increments `forward_mb` before the first forward, hence the plan's F1 to F4.
+#     stage_index)` forwards before the first backward (2 on stage 0, 1 on the last stage:
+#     the p - 1 - s warm-up forwards of section 3 and `orders`, plus the first forward of
+#     the steady state), then backward-forward pairs, the remaining backwards, then
+#     `perform_reduce_grad(n_microbatches if scale_grads else 1)`. `_get_pipeline_order`
+#     only writes the plan: on the last stage it increments `forward_mb` before the first
+#     forward, hence the plan's F1 to F4.
 # torch/distributed/pipelining/microbatch.py:«line»  `def split_args_kwargs_into_chunks(`
 #     How `step(x)` cuts the batch: each tensor argument gets
 #     `TensorChunkSpec(DEFAULT_CHUNK_DIM)`, dim 0, and `_split_tensor` splits it with
@@ -625,35 +1094,24 @@ read_the_source([
 # %% [markdown]
 # ## Mastery check
 #
-# 1. **Predict.** `nn.Linear(6, 8)` is split over 2 ranks by `ColwiseParallel`. Along which
-#    dim of its stored weight, and what local shapes do its weight and bias get? And
-#    `nn.Linear(8, 6)` under `RowwiseParallel`?
-#
-#    <details><summary>Answer</summary>
-#
-#    `nn.Linear` stores its weight as [out, in], here [8, 6]. Colwise shards dim 0, the
-#    output units: each rank holds [4, 6] (rank 0 rows 0:4, rank 1 rows 4:8) and a bias
-#    slice [4]. Rowwise shards the [6, 8] weight along dim 1: [6, 4] on each rank, the
-#    columns that read its own hidden units, and replicates the bias [6].
-#    (*§ Tensor parallelism: split every layer*)
-#
-#    </details>
-#
-# 2. **Explain.** How many collectives does the colwise-then-rowwise MLP run in forward and
+# 1. **Explain.** How many collectives does the colwise-then-rowwise MLP run in forward and
 #    in backward, and why does a rank's matmul with its slice of `up.weight` send nothing?
 #
 #    <details><summary>Answer</summary>
 #
-#    One all-reduce in forward and one in backward. The input is the same on every rank, so
-#    each rank computes its own 4 hidden units from its rows of `up.weight` (`ran: none`),
-#    applies tanh to them alone, and multiplies them by its columns of `down.weight`; only
-#    those full-sized partial outputs must be summed. The result equals the unsharded MLP's
-#    to rounding (gaps below 1e-15 in float64).
+#    One all-reduce in forward and, when the input needs a gradient (a layer below), one in
+#    backward. The input is the same on every rank, so each rank computes its own 4 hidden
+#    units from its rows of `up.weight` (`ran: none`), applies tanh to them alone, and
+#    multiplies them by its columns of `down.weight`; only those full-sized partial outputs
+#    must be summed. In backward, each rank's slice of `up` gives only a partial gradient of
+#    `x`, which must be summed the same way; for an input that needs no gradient, backward
+#    ran none. The result equals the unsharded MLP's to rounding (gaps below 1e-15 in
+#    float64).
 #    (*§ Where tensor parallelism talks*, *§ Tensor parallelism: split every layer*)
 #
 #    </details>
 #
-# 3. **Spot the bug.** A plan pairs the styles the other way round,
+# 2. **Spot the bug.** A plan pairs the styles the other way round,
 #    `{"up": RowwiseParallel(), "down": ColwiseParallel()}`, with the same `x` (5, 6) on both
 #    ranks. What goes wrong, and what does the version with explicit layouts cost?
 #
@@ -668,7 +1126,7 @@ read_the_source([
 #
 #    </details>
 #
-# 4. **Predict.** Two stages, 4 micro-batches. In what order does stage 0 run its forwards
+# 3. **Predict.** Two stages, 4 micro-batches. In what order does stage 0 run its forwards
 #    and backwards under GPipe and under 1F1B, how many micro-batches does it hold at once,
 #    and which schedule leaves the stages idle less?
 #
@@ -684,7 +1142,7 @@ read_the_source([
 #
 #    </details>
 #
-# 5. **Spot the bug.** Each micro-batch's loss is a mean, and the loss function also divides
+# 4. **Spot the bug.** Each micro-batch's loss is a mean, and the loss function also divides
 #    it by the number of micro-batches, as in gradient accumulation; the schedule keeps
 #    `scale_grads=True`. What gradient comes out? And with a sum loss?
 #
@@ -698,6 +1156,19 @@ read_the_source([
 #    (*§ Pipeline parallelism: split the stack of layers*)
 #
 #    </details>
+#
+# 5. **Transfer.** A pipeline of p = 4 stages runs m = 8 micro-batches under 1F1B. What
+#    fraction of the step is bubble, and at most how many micro-batches does stage 1 hold
+#    in flight? And under GPipe?
+#
+#    <details><summary>Answer</summary>
+#
+#    The bubble is (p−1)/(m+p−1) = 3/11 ≈ 0.273 under both schedules: `simulate(orders(kind,
+#    4, 8))` takes 33 units for 24 of work per stage. Stage 1 warms up with p − 1 − s = 2
+#    forwards, then alternates, so it holds at most 3 micro-batches (p − s); under GPipe
+#    every stage holds all 8. (*§ The bubble: GPipe vs 1F1B on a timeline*)
+#
+#    </details>
 
 # %% [markdown]
 # ## Exercises
@@ -708,12 +1179,17 @@ read_the_source([
 # 1. `local_weight(w, rank, world, style)`: the slice of an `nn.Linear` weight that rank
 #    `rank` holds under `"colwise"` or `"rowwise"` (equal shards).
 # 2. `one_f_one_b(p, m)`: 1F1B's action order for every stage, without looking at `orders`
-#    above. The test compares it with what the ranks ran, and checks the warm-up and the
-#    number of micro-batches in flight for more stages.
+#    above. It must reproduce what the two ranks ran, and hold at most min(p − s, m)
+#    micro-batches on stage s, for m < p as well. `Schedule1F1B` itself refuses m < p
+#    (`ValueError: Number of microbatches ... must be greater than or equal to the number
+#    of stages`, read from `torch/distributed/pipelining/schedules.py`): with it, cut the
+#    batch into at least p micro-batches. Your function is a model, not the class: for
+#    m < p, a stage whose p − 1 − s is m or more runs all m forwards first.
 # 3. `grad_scale(loss, divide_loss, scale_grads, m)`: the factor between the pipeline's
 #    gradient and the full-batch gradient of the same kind of loss (`"mean"` or `"sum"`).
 #
-# These change the worker and run it with torchrun (the output above is your reference):
+# These change the rank code: edit the function in a copy of `worker.py` in this folder
+# and run the copy with torchrun (the output above is your reference):
 #
 # A. In `show_swapped`'s `SWAPPED_FIXED` plan, drop `output_layouts=Replicate()` from
 #    `down`. Predict what fails and where (the output is now sharded, the target `y` is
