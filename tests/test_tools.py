@@ -156,7 +156,7 @@ def test_a_bad_n_is_one_line_and_a_non_zero_exit(tool, n):
     out = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 2, out
     assert len(out.splitlines()) == 1 and "Traceback" not in out, out
-    assert "01 Tensor views" in out and "12 Checkpoint and restart" in out
+    assert "01 Tensor views" in out and "12a Distributed checkpoint" in out
 
 
 def test_the_runner_refuses_another_torch_in_one_line(monkeypatch, capsys):

@@ -910,22 +910,7 @@ read_the_source([
 #
 #    </details>
 #
-# 5. **Spot the bug.** On a group made with a 3 s timeout, rank 0 runs
-#    `dist.all_reduce(x, group=g)` while rank 1 runs `dist.all_gather(parts, x, group=g)`.
-#    What happens, and what makes the cause visible?
-#
-#    <details><summary>Answer</summary>
-#
-#    Collectives are matched by their position in the group, not by name: each rank waits
-#    for data the other never sends, and both raise a `RuntimeError`, but only after seconds
-#    spent waiting. On a group made while the debug level is DETAIL, both raise far sooner,
-#    with "Detected mismatch between collectives on ranks" and
-#    `Op type: ALLREDUCEvs ALLGATHER`, naming both calls. The fix: every rank makes the same
-#    collectives in the same order. (*§ Collective order is a contract*)
-#
-#    </details>
-#
-# 6. **Predict.** Four ranks each hold a full-sized summand of an 8-element gradient (what
+# 5. **Predict.** Four ranks each hold a full-sized summand of an 8-element gradient (what
 #    rank r computed on its quarter of the batch), and each rank updates only its own
 #    quarter of the weights. Which one collective gives every rank what it needs, what does
 #    rank 2 end with, and which DTensor redistribution runs that collective?
@@ -936,8 +921,8 @@ read_the_source([
 #    rank 2 ends with elements 4 and 5 of the summed gradient. An all-reduce would give every
 #    rank all 8 elements, 6 of them unused. As a DTensor the summands are `Partial()`, and
 #    `Partial → Shard(0)` is the redistribution that ran `reduce_scatter_tensor x1` (on 2
-#    ranks: [11] and [22]). (*§ Collectives on sum-partials*, *§ DeviceMesh and DTensor
-#    placements*)
+#    ranks: [11] and [22]). (*§ Collectives on sum-partials*,
+#    *§ DeviceMesh and DTensor placements*)
 #
 #    </details>
 

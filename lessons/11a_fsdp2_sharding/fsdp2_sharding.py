@@ -38,9 +38,9 @@
 # *Output* block: what it printed with the pinned PyTorch (2.13.0). Editing a `#@worker` cell
 # changes nothing until `worker.py` is written again from the cells (*Exercises* says how);
 # to try a variation, copy `worker.py` within this folder and run the copy with `torchrun`.
-# Run by hand, that torchrun command may also print PyTorch profiler lines (`USDT: …
-# profiler_start` / `profiler_stop`) to stderr: harmless (`KINETO_LOG_LEVEL=6` silences
-# them).
+# Run by hand, that torchrun command may also print PyTorch profiler lines
+# (`USDT: ... profiler_start` / `profiler_stop`) to stderr: harmless (`KINETO_LOG_LEVEL=6`
+# silences them).
 
 # %%
 import sys
@@ -1003,8 +1003,8 @@ read_the_source([
 #    the larger terms it was summed from, in an order that differs between one process and
 #    two ranks; where |g| is near 1e-8, the update changes by up to `lr / 1e-8` times that
 #    error. Both dtypes are amplified the same way; float64 starts from an error about 5 × 10⁸
-#    times smaller (the ratio of the two eps), so its step gap stays below 1e-12 (*§ One AdamW step equals one
-#    process*).
+#    times smaller (the ratio of the two eps), so its step gap stays below 1e-12
+#    (*§ One AdamW step equals one process*).
 #
 #    </details>
 #
@@ -1016,8 +1016,8 @@ read_the_source([
 #
 #    No: doubling every gradient changes Adam's first update by at most 0.17 `lr`, only
 #    where |g| is near 1e-8; here the step gap is below 2e-3 while the gradients are more
-#    than 1e-3 apart. Compare the gradients with one process instead (*§ One AdamW step
-#    equals one process*).
+#    than 1e-3 apart. Compare the gradients with one process instead
+#    (*§ One AdamW step equals one process*).
 #
 #    </details>
 

@@ -1197,24 +1197,7 @@ read_the_source([
 #
 #    </details>
 #
-# 2. **Predict.** To save memory you switch every unit to `reshard_after_forward=True`. Does
-#    this model's peak of parameter bytes fall below the default's? What does change?
-#
-#    <details><summary>Answer</summary>
-#
-#    No: all three settings peak at 177,792 bytes, in block 1's backward: the shards
-#    (59,264), the root unit, block 1 and block 0's prefetched buffer (4,224 + 2 × 12,704
-#    elements, 118,528 bytes; the unit sizes are printed in *§ Memory per rank: a model from
-#    the tensors, then the allocator*), the whole fp32 model on top of its shards, as
-#    `False` holds it. Only with the prefetch off do `True` and `None` peak lower, at
-#    126,976 (the root and one block). What `True` changes is the time between forward and
-#    backward: every unit sharded (59,264 bytes) where `None` keeps the root gathered
-#    (76,160), so with `True` the root too must be gathered again for its backward
-#    (*§ `reshard_after_forward`: memory or a second all-gather*).
-#
-#    </details>
-#
-# 3. **Predict.** A colleague checks a 4-rank sharding plan in one process on a fake group,
+# 2. **Predict.** A colleague checks a 4-rank sharding plan in one process on a fake group,
 #    and also prints the loss after an all-reduce. Which of the printed lines can be trusted?
 #
 #    <details><summary>Answer</summary>
@@ -1226,7 +1209,7 @@ read_the_source([
 #
 #    </details>
 #
-# 4. **Predict.** With `MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+# 3. **Predict.** With `MixedPrecisionPolicy(param_dtype=torch.bfloat16,
 #    reduce_dtype=torch.float32)`, what dtype are the weights a block computes with, and
 #    what dtype are the parameter and the gradient the optimizer updates?
 #
@@ -1239,7 +1222,7 @@ read_the_source([
 #
 #    </details>
 #
-# 5. **Explain.** On 2 ranks, which of a rank's bytes does FSDP2 halve compared with DDP,
+# 4. **Explain.** On 2 ranks, which of a rank's bytes does FSDP2 halve compared with DDP,
 #    and why does plain DDP hold more than its parameters, gradients and AdamW state?
 #
 #    <details><summary>Answer</summary>
@@ -1253,7 +1236,7 @@ read_the_source([
 #
 #    </details>
 #
-# 6. **Transfer.** The same root unit and blocks, but 4 blocks, on 4 ranks, fp32, with the
+# 5. **Transfer.** The same root unit and blocks, but 4 blocks, on 4 ranks, fp32, with the
 #    default `reshard_after_forward=None` and backward prefetch: how many parameter bytes
 #    does a rank hold at the peak? And with `False`?
 #

@@ -335,7 +335,7 @@ def test_worker_on_nccl(record_property):
 PEAK_CASES = [  # (root, blocks, world, elem, reshard) -> bytes, with the default backward prefetch
     ((ROOT, [BLOCK, BLOCK], 2, 4, None), WHOLE),  # section 1's peaks: the ranks printed them
     ((ROOT, [BLOCK, BLOCK], 2, 4, False), WHOLE),
-    ((ROOT, [BLOCK] * 4, 4, 4, None), 173568),  # mastery question 6 (checked on a fake group below)
+    ((ROOT, [BLOCK] * 4, 4, 4, None), 173568),  # mastery question 5 (checked on a fake group below)
     ((ROOT, [BLOCK] * 4, 4, 4, False), 275200),
     ((10, [20, 40, 30], 5, 2, None), 2 * (20 + 10 + 40 + 30)),  # block 2 + prefetched block 1
     ((10, [20, 40, 30], 5, 2, False), 2 * (20 + 100)),
@@ -378,7 +378,7 @@ def test_peak_cases_catch_wrong_answers(wrong):
 
 
 def test_transfer_answer_on_a_fake_group(lesson):
-    """Mastery question 6: 4 blocks on 4 ranks, None and False, traced on a fake group of 4
+    """Mastery question 5: 4 blocks on 4 ranks, None and False, traced on a fake group of 4
     with the lesson's own trace (prefetched buffers counted), and the answer's numbers."""
     ns, peaks = lesson.ns, {}
     dist.init_process_group("fake", rank=0, world_size=4)

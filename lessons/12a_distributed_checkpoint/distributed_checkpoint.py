@@ -1176,23 +1176,7 @@ read_the_source([
 #
 #    </details>
 #
-# 2. **Predict.** A run of 12 steps is resumed after step 6 from a checkpoint of only the
-#    model and the optimizer (whose state dict carries the current learning rate). Which
-#    batch does step 7 train on, and which learning rate do steps 9 and 10 use?
-#
-#    <details><summary>Answer</summary>
-#
-#    Step 1's batch again, [25, 6, 15, 30] instead of [27, 21, 11, 5]: the new data loader
-#    started the epoch over. Steps 9 and 10 use 0.05 instead of 0.025: the fresh `StepLR`
-#    counted from 0 and halved two steps late. Restoring the scheduler and the cursor but
-#    not the RNG state gets the batch and the LR right, yet step 7's loss already differs
-#    (0.7160 instead of 1.1660: another dropout mask). With all of them, as one Stateful
-#    object, steps 7-12 matched: losses equal, parameters 0.00e+00 apart
-#    (*§ A checkpoint is the whole training state*).
-#
-#    </details>
-#
-# 3. **Spot the bug.** Each of 2 ranks keeps its own random state, and the job saves it
+# 2. **Spot the bug.** Each of 2 ranks keeps its own random state, and the job saves it
 #    with DCP under one key, `"rng"`, a plain value every rank passes with its own contents.
 #    Whose state does the checkpoint hold?
 #
@@ -1206,7 +1190,7 @@ read_the_source([
 #
 #    </details>
 #
-# 4. **Predict.** `dcp.async_save` is called after step 2, and step 3 changes the parameters
+# 3. **Predict.** `dcp.async_save` is called after step 2, and step 3 changes the parameters
 #    before the background thread has written a byte. What does the checkpoint hold, and
 #    what must the job do before its next save?
 #
@@ -1219,7 +1203,7 @@ read_the_source([
 #
 #    </details>
 #
-# 5. **Predict.** From an unknown source you get a `.pt` file and a DCP checkpoint folder,
+# 4. **Predict.** From an unknown source you get a `.pt` file and a DCP checkpoint folder,
 #    each built to run code when loaded. Which runs it: `torch.load(path)` with its default
 #    `weights_only=True`, or `dcp.load` of the folder?
 #
@@ -1234,7 +1218,7 @@ read_the_source([
 #
 #    </details>
 #
-# 6. **Transfer.** The 2-rank checkpoint `step1` is loaded by 3 FSDP2 ranks. FSDP2 splits
+# 5. **Transfer.** The 2-rank checkpoint `step1` is loaded by 3 FSDP2 ranks. FSDP2 splits
 #    the 16 rows of `model.0.weight` as `torch.chunk` does. Which rows does rank 1 hold, and
 #    from which stored chunks does DCP read them?
 #

@@ -160,7 +160,7 @@ def test_a_dcp_folder_runs_its_metadata_pickle(lesson):
 
 
 def test_mastery_three_ranks_read_two_pieces_of_step1(lesson):
-    """Mastery 6: rank 1 of 3 holds rows 6-11 (torch.chunk, as FSDP2 splits) and DCP's
+    """Mastery 5: rank 1 of 3 holds rows 6-11 (torch.chunk, as FSDP2 splits) and DCP's
     resharding reads rows 6-7 of rank 0's chunk and rows 8-11 of rank 1's."""
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
     from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list

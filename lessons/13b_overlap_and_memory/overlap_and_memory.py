@@ -34,7 +34,8 @@
 # defines functions. Run the worker yourself with `torchrun --standalone --nproc-per-node=4
 # lessons/13b_overlap_and_memory/worker.py main` (or two agents, section 3). Each printing
 # cell is followed by an *Output* block: what it printed with the pinned PyTorch (2.13.0).
-# A plain run may also print profiler lines (`USDT: ...`) to stderr; they are harmless.
+# A plain run may also print, to stderr, profiler lines (`USDT: ... profiler_start`) and,
+# on a CUDA build without a GPU, `No CUDA runtime is found`: harmless.
 
 # %%
 import re

@@ -28,15 +28,15 @@
 #
 # **How to run:** `python lessons/14_capstone/capstone.py` or `make lesson N=14` from the
 # repository root, or open `capstone.ipynb`. The model, the data and the training step live
-# in `gpt.py` next to this file, which the 2-rank stage's script (`train.py`) imports too;
-# read it first, it is short. `train.py` is written from this lesson's `#@worker train.py`
+# in `gpt.py` next to this file, which `train.py` imports too; read it first, it is short. `train.py` is written from this lesson's `#@worker train.py`
 # cells (section 6); run it by hand from the repository root with
 # `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node=2
 # lessons/14_capstone/train.py CKPT` (and `--help`). The lesson takes 20 s to
 # over a minute on 2 cores; the first `torch.compile` on a machine compiles
 # C++ kernels, which can add a minute. Each printing cell is followed by an *Output* block:
-# what it printed with the pinned PyTorch (2.13.0), `«time»`-like placeholders where it
-# depends on the machine. A plain run may also print profiler lines (`USDT: ... profiler_start`) to stderr.
+# what it printed with the pinned PyTorch (2.13.0), placeholders where it depends on the
+# machine. A plain run may also print, to stderr, `USDT: ... profiler_start` and
+# `profiler_stop` and, on a CUDA build without a GPU, `No CUDA runtime is found`: harmless.
 
 # %%
 # ruff: noqa: E402 - the training script's imports (section 6, `#@worker train.py`) come mid-lesson
