@@ -100,6 +100,11 @@ def lesson_scripts() -> list[Path]:
     return [lesson.script for lesson in ready()]
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the repository root where it lies inside it (for messages)."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def for_path(path: Path) -> Lesson:
     """The lesson whose folder holds ``path``."""
     for lesson in load():

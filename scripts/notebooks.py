@@ -28,7 +28,7 @@ import nbformat
 
 from scripts import workers
 from scripts.checker import fenced_blocks
-from scripts.manifest import ROOT, find, lesson_scripts
+from scripts.manifest import ROOT, find, lesson_scripts, shown
 
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 SUMMARIES = {None: "Expected output", "no-vector-isa": "Expected output on a CPU without vector instructions"}
@@ -90,10 +90,6 @@ def write(scripts: list[Path]) -> list[Path]:
             nb.write_text(text)
             changed.append(nb)
     return changed
-
-
-def shown(path: Path) -> str:
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def main(argv: list[str] | None = None) -> int:

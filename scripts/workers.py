@@ -29,9 +29,8 @@ import re
 import sys
 from pathlib import Path
 
-import jupytext
-
-from scripts.manifest import ROOT, Lesson, find, ready
+from scripts.checker import read_cells
+from scripts.manifest import Lesson, find, ready, shown
 
 MARKER = "#@worker"
 DEFAULT = "worker.py"
@@ -47,8 +46,7 @@ TOP_LEVEL = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assi
 
 def cells(script: Path) -> list[tuple[str, str]]:
     """(kind, source) of each cell of a jupytext percent script."""
-    nb = jupytext.read(script, fmt="py:percent")
-    return [(cell.cell_type, cell.source) for cell in nb.cells]
+    return [(cell.kind, cell.source) for cell in read_cells(script)]
 
 
 def worker_cells(script: Path) -> dict[str, list[str]]:
@@ -195,10 +193,6 @@ def shown_sections(code: str) -> set[str]:
                 and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
             out.add(node.args[1].value)
     return out
-
-
-def shown(path: Path) -> str:
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def main(argv: list[str] | None = None) -> int:

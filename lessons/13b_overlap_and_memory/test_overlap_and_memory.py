@@ -533,3 +533,8 @@ def test_exercise_checks_catch_wrong_answers(checked, name):
         except (AssertionError, ValueError):  # ValueError: an expected line is missing
             caught += 1
     assert caught, f"wrong answer {name!r} passed every check of {check!r}: {found}"
+
+
+def test_model_is_13a_s():
+    """Each part carries its own model.py so that it runs alone; 13b's is 13a's, unchanged."""
+    assert (HERE / "model.py").read_text() == (HERE.parent / "13a_two_d_mesh" / "model.py").read_text()
