@@ -616,7 +616,7 @@ def teardown(code: int, clean: bool):
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(code)  # a precaution: skip the interpreter's finalization (lesson 09)
+            os._exit(code)  # skip the interpreter's finalization (tests/workers/all_reduce.py)
 
 
 def serve(parts: dict, add_args=None, timeout_s: float = GROUP_TIMEOUT_S):

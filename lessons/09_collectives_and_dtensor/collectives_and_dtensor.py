@@ -321,8 +321,11 @@ show(run, "barrier")
 # tears down while another still talks to it; then, on every path, it calls
 # `dist.destroy_process_group()`. Do the same in your own scripts: a rank that just falls off
 # the end of its script can die *after* its work with "terminate called without an active
-# exception" (SIGABRT), and a barrier alone does not prevent that abort (the evidence is in
-# the docstring of [`tests/workers/all_reduce.py`](../../tests/workers/all_reduce.py)).
+# exception" (SIGABRT), and a barrier alone does not prevent that abort. Nor does
+# `destroy_process_group()` while a DeviceMesh or a DTensor (section 3) still holds the
+# group: its gloo threads live on into Python's shutdown. So `serve` ends the process with
+# `os._exit`, skipping that shutdown, and lesson 14's `train.py` does the same (the evidence
+# is in the docstring of [`tests/workers/all_reduce.py`](../../tests/workers/all_reduce.py)).
 
 # %% [markdown]
 # ## 3. DeviceMesh and DTensor placements

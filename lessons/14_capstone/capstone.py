@@ -429,6 +429,7 @@ import argparse
 import datetime
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from time import sleep
 
@@ -608,8 +609,8 @@ def resume(root, model, opt, order):
 # The loop saves after every `--every` steps. `--stop-at K` is the drill: on the first
 # attempt only, the ranks stop after step K, write their pid and wait to be killed.
 # `--compare` then trains an uninterrupted run in the same processes and compares. `main`
-# ends the group on every path: `destroy_process_group()` in a `finally`, a barrier only
-# after success (after a failure it would wait for ranks that are gone; lesson 09).
+# ends the group on every path with `destroy_process_group()`; after success only, a barrier
+# first and `os._exit(0)` last, as `serve` does (lesson 09 says why).
 
 # %%
 #@worker train.py
@@ -686,7 +687,14 @@ def main():
             shared(f"final parameters bitwise equal to the uninterrupted run: {same}")
         dist.barrier()  # success only: no rank leaves while another still talks to it
     finally:
-        dist.destroy_process_group()  # every path: stop the backend's threads before exit
+        dist.destroy_process_group()  # every path: end the group before the process ends
+    # Success: leave without Python's shutdown. The mesh and the model still hold the group,
+    # so its gloo threads outlive destroy_process_group(); one that frees the barrier's work
+    # (a Python tensor with it) during shutdown aborts the rank: SIGABRT, "terminate called
+    # without an active exception" (tests/workers/all_reduce.py has the evidence).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # %% [markdown]

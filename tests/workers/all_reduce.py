@@ -19,9 +19,13 @@ What was measured:
   failure path): 30 of 30 launches ended with exit code 1 and no abort, in 5.0 to 12.4 s
   against the group's 60 s timeout. With a barrier on that path every rank waited out the
   group's timeout (30 to 45 s when the lesson workers did it).
-- os._exit is a precaution, not a measured fix: after lesson 09's DTensor part one launch in
-  20 aborted at exit with destroy_process_group() alone and none in 20 with os._exit, which
-  20 launches cannot tell apart.
+- os._exit is needed as soon as something else holds the group: after lesson 09's DTensor
+  part one launch in 20 aborted at exit with destroy_process_group() alone (none in 20 with
+  os._exit). Lesson 14's train.py (a DeviceMesh, FSDP2, DCP), which ended with a barrier and
+  destroy_process_group() but no os._exit, aborted at exit in 3 of 47 attempts that ended
+  normally (2026-12-02, 2 to 3 launches at once on 2 cores; one of them failed a CI run),
+  each after all its work and output; with os._exit added after success, 0 of 100 (80
+  short runs and 20 drills, the same load). Core dumps of two of the aborts: see below.
 - The whole teardown, `make soak` (30 launches of `all_reduce`, the 2 cores loaded by other
   jobs, load average about 8): 0 aborts, launches of 4.6 to 13.6 s. Run it again after
   touching the teardown; never hide such failures with retries.
@@ -32,7 +36,12 @@ it drops the last reference to the Python tensor, which needs the GIL; if the ma
 already finalizing the interpreter, Python 3.11 ends the thread that asks for the GIL, the
 unwind crosses a noexcept destructor and C++ calls std::terminate. A barrier alone does not
 help (3 of 60 still aborted): it waits for the collective, not for its cleanup.
-destroy_process_group() stops gloo's threads, so nothing touches Python during shutdown.
+destroy_process_group() stops gloo's threads, so nothing touches Python during shutdown,
+but only when it drops the last reference to the group. A DeviceMesh, DTensors or an FSDP2
+model keep the group alive (here in reference cycles, freed by the interpreter's final
+garbage collection): in train.py's cores the main thread was in Py_FinalizeEx's collection
+and a gloo runLoop thread was destroying the final barrier's AsyncBarrierWork (and the
+AsyncBroadcastWork it held) when it asked for the GIL. os._exit skips that finalization.
 """
 
 import os
