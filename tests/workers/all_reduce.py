@@ -37,11 +37,12 @@ already finalizing the interpreter, Python 3.11 ends the thread that asks for th
 unwind crosses a noexcept destructor and C++ calls std::terminate. A barrier alone does not
 help (3 of 60 still aborted): it waits for the collective, not for its cleanup.
 destroy_process_group() stops gloo's threads, so nothing touches Python during shutdown,
-but only when it drops the last reference to the group. A DeviceMesh, DTensors or an FSDP2
-model keep the group alive (here in reference cycles, freed by the interpreter's final
-garbage collection): in train.py's cores the main thread was in Py_FinalizeEx's collection
-and a gloo runLoop thread was destroying the final barrier's AsyncBarrierWork (and the
-AsyncBroadcastWork it held) when it asked for the GIL. os._exit skips that finalization.
+but only when it drops the last reference to the group. Seen in train.py's two cores: gloo's
+runLoop threads still alive after destroy_process_group(), the main thread in
+Py_FinalizeEx's garbage collection, and a runLoop thread destroying the final barrier's
+AsyncBarrierWork (and the AsyncBroadcastWork it held) when it asked for the GIL. Inferred,
+not traced: the DeviceMesh and the FSDP2 model (DTensors), in reference cycles that only the
+final collection frees, were what still held the group. os._exit skips that finalization.
 """
 
 import os
